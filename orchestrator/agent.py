@@ -1,0 +1,277 @@
+"""AgentRun: the loop. messages → model → tool calls → tool_results → … until done.
+
+A run ends when a response has no tool use (its text is the final answer) or
+``max_turns`` is reached. Tool calls of one response run concurrently; their
+results go back in call order. Every call goes through the policy and the
+PreToolUse / PostToolUse hooks first; a refused call runs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from .config import Settings
+from .models.base import Block, Message, Model, ModelRequest
+from .policy import Policy, run_hooks
+from .run import Evidence, RunRecord, RunStatus, Usage
+from .store import Store
+from .tools.base import ToolFailure, ToolOutput, ToolRegistry
+from .workspaces.base import Workspace
+
+if TYPE_CHECKING:
+    from .definitions import AgentDefinition, Catalog
+    from .delegation import Delegator
+
+
+@dataclass
+class RunContext:
+    """Everything one run's tools may use. Made by the Delegator, one per run."""
+
+    record: RunRecord
+    definition: AgentDefinition
+    settings: Settings
+    store: Store
+    model: Model
+    model_name: str
+    tools: ToolRegistry
+    policy: Policy
+    workspace: Workspace
+    env: dict[str, str]
+    catalog: Catalog
+    delegator: Delegator
+    evidence: Evidence = field(default_factory=Evidence)
+    usage: Usage = field(default_factory=Usage)
+    # Texts to hand the model with its next request (background-child notifications).
+    notifications: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+
+@dataclass
+class LoopOutcome:
+    status: RunStatus
+    text: str
+    error: str | None = None
+
+
+def cut(text: str, limit: int, where: str = "") -> str:
+    if len(text) <= limit:
+        return text
+    more = f"; {where}" if where else ""
+    return text[:limit] + f"\n[output cut at {limit:,} of {len(text):,} characters{more}]"
+
+
+def summarize_input(tool: str, args: dict[str, Any]) -> str:
+    for key in ("command", "path", "pattern", "description", "name", "task_id"):
+        if isinstance(args.get(key), str):
+            return f"{tool}: {args[key]}"[:200].replace("\n", " ")
+    return f"{tool}: {json.dumps(args)[:180]}"
+
+
+class AgentRun:
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        max_turns: int,
+        before_turn: Callable[[RunContext], Awaitable[None]] | None = None,
+        before_finish: Callable[[RunContext], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.max_turns = max_turns
+        self.before_turn = before_turn
+        # Returns True when the run must go on (e.g. background children delivered results).
+        self.before_finish = before_finish
+        self.messages: list[Message] = []
+        self.last_text = ""
+
+    def system_prompt(self) -> str:
+        ctx = self.ctx
+        d = ctx.definition
+        parts = [d.system_prompt.strip() or "You are a capable coding agent."]
+        parts.append(
+            "\n# Environment\n"
+            f"- Workspace root: {ctx.workspace.root} (isolation: {ctx.workspace.isolation}). "
+            "File tool paths are relative to it.\n"
+            f"- You are agent '{d.name}' at delegation depth {ctx.record.depth} "
+            f"(limit {ctx.record.max_depth}).\n"
+            "- When the task is done, answer with your final result as plain text and no tool "
+            "call; that text is all your caller will see."
+        )
+        offered = ctx.policy.offered_tools()
+        if "load_skill" in offered and ctx.catalog.skills:
+            parts.append(
+                "\n# Skills\nLoad one with load_skill when it applies:\n"
+                + ctx.catalog.skill_catalog_text()
+            )
+        for name in d.skills:
+            if name in ctx.catalog.skills:
+                parts.append(f"\n# Skill: {name}\n{ctx.catalog.skills[name].body}")
+        return "\n".join(parts)
+
+    async def run(self, prompt: str) -> LoopOutcome:
+        ctx = self.ctx
+        # A fresh conversation: the prompt is the one and only first message.
+        self.messages = [{"role": "user", "content": prompt}]
+        system = self.system_prompt()
+        tools = ctx.tools.schemas(ctx.policy.offered_tools())
+        turns = 0
+        while True:
+            if turns >= self.max_turns:
+                return LoopOutcome(
+                    RunStatus.FAILED,
+                    self.last_text,
+                    f"max_turns ({self.max_turns}) reached before a final answer",
+                )
+            if self.before_turn is not None:
+                await self.before_turn(ctx)
+            self._deliver_notifications()
+            turns += 1
+            request = ModelRequest(
+                system=system,
+                messages=list(self.messages),
+                tools=tools,
+                model=ctx.model_name,
+                max_tokens=ctx.settings.max_tokens,
+                agent=ctx.definition.name,
+                run_id=ctx.run_id,
+                depth=ctx.record.depth,
+            )
+            response = await ctx.model.complete(request)
+            ctx.usage.turns = turns
+            ctx.usage.input_tokens += response.usage.input_tokens
+            ctx.usage.output_tokens += response.usage.output_tokens
+            self.messages.append({"role": "assistant", "content": response.content})
+            if response.text:
+                self.last_text = response.text
+            ctx.store.update_run(ctx.run_id, usage=ctx.usage, summary=self.last_text[:2000])
+            calls = response.tool_uses
+            if not calls:
+                if self.before_finish is not None and await self.before_finish(ctx):
+                    self.messages.append({"role": "user", "content": self._take_notes()})
+                    continue
+                return LoopOutcome(RunStatus.SUCCEEDED, response.text)
+            results = await asyncio.gather(*(self._call(c) for c in calls))
+            self.messages.append({"role": "user", "content": list(results)})
+
+    def _take_notes(self) -> list[Block]:
+        notes, self.ctx.notifications = self.ctx.notifications, []
+        return [{"type": "text", "text": n} for n in notes] or [
+            {"type": "text", "text": "(no new notifications)"}
+        ]
+
+    def _deliver_notifications(self) -> None:
+        if not self.ctx.notifications:
+            return
+        last = self.messages[-1]
+        if last["role"] != "user":
+            return
+        content = last["content"]
+        blocks: list[Block] = (
+            [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+        )
+        last["content"] = blocks + self._take_notes()
+
+    async def _call(self, call: Block) -> Block:
+        ctx = self.ctx
+        name = str(call.get("name", ""))
+        raw = call.get("input") or {}
+        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        ctx.usage.tool_uses += 1
+        ctx.store.add_event(
+            ctx.run_id, "tool_call", {"id": call.get("id"), "tool": name, "input": args}
+        )
+        ctx.store.note_activity(
+            ctx.run_id, name, summarize_input(name, args), usage=ctx.usage.model_copy()
+        )
+        output = await self._execute(name, args)
+        output.content = cut(output.content, ctx.settings.tool_output_limit)
+        ctx.store.add_event(
+            ctx.run_id,
+            "tool_result",
+            {
+                "id": call.get("id"),
+                "tool": name,
+                "is_error": output.is_error,
+                "chars": len(output.content),
+                "preview": output.content[:500],
+            },
+        )
+        block: Block = {
+            "type": "tool_result",
+            "tool_use_id": call.get("id"),
+            "content": output.content,
+        }
+        if output.is_error:
+            block["is_error"] = True
+        return block
+
+    async def _execute(self, name: str, args: dict[str, Any]) -> ToolOutput:
+        ctx = self.ctx
+        decision = ctx.policy.check_call(name, args)
+        if not decision.allowed:
+            ctx.store.add_event(
+                ctx.run_id, "tool_refused", {"tool": name, "reason": decision.reason}
+            )
+            return ToolOutput(decision.reason, is_error=True)
+        tool = ctx.tools.get(name)
+        if tool is None:
+            return ToolOutput(f"unknown tool {name!r}", is_error=True)
+        try:
+            parsed = tool.input_model.model_validate(args)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'input'}: {err['msg']}"
+                for err in e.errors()
+            )
+            return ToolOutput(f"invalid input for {name}: {problems}", is_error=True)
+        payload = {"tool_name": name, "tool_input": args, **self._hook_base()}
+        pre = await run_hooks(
+            ctx.settings.hooks.pre_tool_use,
+            "PreToolUse",
+            name,
+            payload,
+            cwd=ctx.workspace.root,
+            env=ctx.env,
+        )
+        if pre.blocked:
+            ctx.store.add_event(ctx.run_id, "tool_refused", {"tool": name, "reason": pre.message})
+            return ToolOutput(f"blocked by PreToolUse hook: {pre.message}", is_error=True)
+        try:
+            output = await tool.run(ctx, parsed)
+        except ToolFailure as e:
+            output = ToolOutput(str(e), is_error=True)
+        except (OSError, UnicodeError, ValueError) as e:
+            output = ToolOutput(f"{name} failed: {e}", is_error=True)
+        if ctx.settings.hooks.post_tool_use:
+            post = await run_hooks(
+                ctx.settings.hooks.post_tool_use,
+                "PostToolUse",
+                name,
+                {**payload, "tool_response": output.content[:10_000]},
+                cwd=ctx.workspace.root,
+                env=ctx.env,
+            )
+            if post.blocked:
+                output = ToolOutput(
+                    output.content + f"\n[PostToolUse hook: {post.message}]", is_error=True
+                )
+        return output
+
+    def _hook_base(self) -> dict[str, Any]:
+        r = self.ctx.record
+        return {
+            "run_id": r.run_id,
+            "chain_id": r.chain_id,
+            "depth": r.depth,
+            "agent": r.agent,
+            "cwd": str(self.ctx.workspace.root),
+        }

@@ -1,0 +1,138 @@
+"""Shared pieces of the CLI edge: error handling, opening a project, rendering."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.tree import Tree
+
+from ..config import Settings, load_settings
+from ..errors import NotFound, OrchError, UsageError
+from ..paths import project_root
+from ..run import RunRecord, RunStatus
+from ..store import Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+STATUS_STYLE = {
+    RunStatus.QUEUED: "dim",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.SUCCEEDED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.TIMED_OUT: "yellow",
+    RunStatus.CANCELLED: "magenta",
+    RunStatus.INTERRUPTED: "red",
+}
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"orch: {message}", markup=False)
+    return typer.Exit(code)
+
+
+def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Bad input → one line on stderr and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except OrchError as e:
+            raise fail(str(e), e.exit_code) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
+
+    return wrapper
+
+
+@dataclass
+class Project:
+    root: Path
+    workdir: Path
+    settings: Settings
+    store: Store
+
+
+def open_project(workdir: Path | None = None, **overrides: Any) -> Project:
+    wd = (workdir or Path.cwd()).expanduser()
+    if not wd.is_dir():
+        raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
+    root = project_root(wd)
+    settings = load_settings(root, **overrides)
+    return Project(
+        root=root, workdir=wd.resolve(), settings=settings, store=Store.for_project(root)
+    )
+
+
+def find_run(store: Store, ref: str) -> RunRecord:
+    """A run by id or unique id prefix."""
+    record = store.get_run(ref)
+    if record is not None:
+        return record
+    matches = store.find_runs(ref)
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise UsageError(
+            f"{ref!r} matches {len(matches)} runs ({', '.join(m.run_id for m in matches[:5])}…); "
+            "give more of the id"
+        )
+    raise NotFound(f"no run {ref!r} in {store.path}; `orch ps --all` lists the runs it holds")
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def age(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    s = max(0.0, time.time() - ts)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def run_label(r: RunRecord) -> str:
+    style = STATUS_STYLE.get(r.status, "")
+    u = r.usage
+    desc = f" — {r.description}" if r.description and r.depth > 0 else ""
+    return (
+        f"[bold]{r.run_id}[/] {r.agent} [dim]d{r.depth} {r.isolation}[/] "
+        f"[{style}]{r.status.value}[/] [dim]turns {u.turns} · tools {u.tool_uses} · "
+        f"tok {u.input_tokens}/{u.output_tokens}[/]{desc}"
+    )
+
+
+def chain_tree(runs: list[RunRecord]) -> Tree:
+    by_parent: dict[str | None, list[RunRecord]] = {}
+    ids = {r.run_id for r in runs}
+    for r in runs:
+        parent = r.parent_run_id if r.parent_run_id in ids else None
+        by_parent.setdefault(parent, []).append(r)
+    chain = runs[0].chain_id if runs else "-"
+    tree = Tree(f"chain [bold]{chain}[/]")
+
+    def add(node: Tree, parent: str | None) -> None:
+        for r in by_parent.get(parent, []):
+            add(node.add(run_label(r)), r.run_id)
+
+    add(tree, None)
+    return tree

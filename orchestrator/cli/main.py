@@ -1,0 +1,273 @@
+"""`orch`: the command line. typer + rich live here only; the engine is async inside."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..definitions import load_catalog
+from ..delegation import Delegator
+from ..errors import UsageError
+from ..models import ModelProvider, ScriptedModel
+from ..run import RunRecord, RunResult, RunStatus
+from .common import (
+    Project,
+    chain_tree,
+    err,
+    find_run,
+    handles_errors,
+    open_project,
+    out,
+    print_json,
+    run_label,
+)
+
+app = typer.Typer(
+    name="orch",
+    help="Sandboxed multi-agent orchestrator: delegate work to child agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+WorkdirOpt = Annotated[
+    Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _register_subapps() -> None:
+    try:
+        from .catalog import agents_app, skills_app
+    except ImportError:  # TEMP while being written
+        pass
+    else:
+        app.add_typer(agents_app, name="agents", help="Agent definitions: list, show, validate.")
+        app.add_typer(skills_app, name="skills", help="Skills: list, show.")
+    try:
+        from .worktrees import worktrees_app
+    except ImportError:  # pragma: no cover - tier not built in this checkout
+        return
+    app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
+
+
+def run_tree(
+    project: Project,
+    prompt: str,
+    *,
+    provider: ModelProvider,
+    agent: str,
+    isolation: str | None,
+    agents_dirs: list[Path],
+    max_turns: int | None,
+    timeout: float | None,
+) -> RunRecord:
+    catalog = load_catalog(project.root, agents_dirs=agents_dirs)
+    delegator = Delegator(
+        settings=project.settings, store=project.store, catalog=catalog, models=provider
+    )
+    return asyncio.run(
+        delegator.run_root(
+            prompt,
+            agent=agent,
+            isolation=isolation,
+            workdir=project.workdir,
+            max_turns=max_turns,
+            timeout_seconds=timeout,
+        )
+    )
+
+
+def report(
+    project: Project, record: RunRecord, as_json: bool, script: ScriptedModel | None
+) -> None:
+    result = record.result()
+    code = result.exit_code
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+    else:
+        if result.summary:
+            out.print(result.summary, markup=False)
+        if result.status != RunStatus.SUCCEEDED:
+            err.print(
+                f"orch: run {result.run_id} {result.status.value}: {result.error}", markup=False
+            )
+    if script is not None and result.status == RunStatus.SUCCEEDED:
+        problems = script.problems()
+        if problems:
+            err.print(
+                f"orch: {script.source}: script not fully used: " + "; ".join(problems),
+                markup=False,
+            )
+            code = 1
+    raise typer.Exit(code)
+
+
+@app.command()
+@handles_errors
+def task(
+    prompt: Annotated[str, typer.Argument(help="What the agent should do.")],
+    agent: Annotated[str, typer.Option("--agent", "-a", help="Agent definition.")] = "general",
+    isolation: Annotated[
+        str | None, typer.Option(help="shared | worktree | container (default: the agent's).")
+    ] = None,
+    background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
+    model: Annotated[
+        str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
+    ] = None,
+    max_depth: Annotated[int | None, typer.Option(help="Delegation depth limit.")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="Turns before the run fails.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds before the run times out.")] = None,
+    agents_dir: Annotated[
+        list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
+    ] = None,
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run an agent on PROMPT; it may delegate to child agents through `task`."""
+    if not prompt.strip():
+        raise UsageError("the prompt is empty; say what the agent should do")
+    if isolation is not None and isolation not in ("shared", "worktree", "container"):
+        raise UsageError(f"unknown isolation {isolation!r}; choose shared, worktree or container")
+    if background:
+        raise UsageError(
+            "--background is not available yet in this version of orch; run in the foreground"
+        )
+    project = open_project(workdir, max_depth=max_depth, model=model)
+    provider = ModelProvider(project.settings, model)
+    provider.check_ready()
+    record = run_tree(
+        project,
+        prompt,
+        provider=provider,
+        agent=agent,
+        isolation=isolation,
+        agents_dirs=agents_dir or [],
+        max_turns=max_turns,
+        timeout=timeout,
+    )
+    report(project, record, as_json, provider.scripted)
+
+
+@app.command()
+@handles_errors
+def demo(
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", "-C", help="Where to make the demo project.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Offline: a scripted parent delegates to children; prints the chain and results."""
+    from ..demo import make_demo_project
+
+    where, script_path = make_demo_project(workdir)
+    project = open_project(where)
+    provider = ModelProvider(project.settings, f"scripted:{script_path}")
+    prompt = "Give me a short report on this project: its test framework and its modules."
+    if not as_json:
+        out.print(f"[dim]demo project: {where}[/]")
+        out.print(f"[bold]user ▸[/] {prompt}\n")
+    record = run_tree(
+        project,
+        prompt,
+        provider=provider,
+        agent="general",
+        isolation=None,
+        agents_dirs=[],
+        max_turns=None,
+        timeout=60,
+    )
+    runs = project.store.list_runs(chain_id=record.chain_id)
+    if as_json:
+        print_json(
+            {
+                "result": record.result().model_dump(mode="json"),
+                "chain": [r.model_dump(mode="json") for r in runs],
+            }
+        )
+        raise typer.Exit(record.result().exit_code)
+    out.print(chain_tree(runs))
+    out.print("\n[bold]orch ▸[/] ", end="")
+    out.print(record.output + "\n", markup=False)
+    out.print(
+        f"[dim]explore it: orch tree {record.run_id} -C {where} · "
+        f"orch logs {record.run_id} -C {where}[/]"
+    )
+    report(
+        project, record, False, provider.scripted
+    ) if record.status != RunStatus.SUCCEEDED else None
+    problems = provider.scripted.problems() if provider.scripted else []
+    if problems:
+        raise UsageError("demo script not fully used: " + "; ".join(problems))
+
+
+@app.command()
+@handles_errors
+def result(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's result: status, final text, usage, evidence, artifacts."""
+    project = open_project(workdir)
+    record = find_run(project.store, run_id)
+    res: RunResult = record.result()
+    full = project.store.output(record.run_id)
+    if full is not None:
+        res.summary = full
+    if as_json:
+        print_json(res.model_dump(mode="json"))
+    else:
+        out.print(run_label(record))
+        if res.error:
+            out.print(f"[red]error:[/] {res.error}")
+        out.print(res.summary or "(no text yet)", markup=False)
+    raise typer.Exit(res.exit_code if record.status.ended else 0)
+
+
+@app.command()
+@handles_errors
+def logs(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's event stream (run_started, tool_call, tool_result, child_spawned, ...)."""
+    project = open_project(workdir)
+    record = find_run(project.store, run_id)
+    events = project.store.events(record.run_id)
+    if as_json:
+        print_json(events)
+        return
+    for e in events:
+        data = json.dumps(e["data"], default=str)
+        out.print(f"[dim]{e['id']:>5}[/] [bold]{e['kind']:<14}[/] {data[:300]}", markup=True)
+
+
+@app.command()
+@handles_errors
+def tree(
+    ref: Annotated[str, typer.Argument(help="A run id or a chain id.")],
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The QueryChain of a run: every run of its chain with depth and status."""
+    project = open_project(workdir)
+    runs = project.store.list_runs(chain_id=ref)
+    if not runs:
+        runs = project.store.list_runs(chain_id=find_run(project.store, ref).chain_id)
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in runs])
+        return
+    out.print(chain_tree(runs))
+
+
+_register_subapps()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,65 @@
+"""Models: one async seam (``Model``), the Anthropic API and a scripted player."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import Settings
+from ..errors import UsageError
+from .base import Model, ModelError, ModelRequest, ModelResponse, ModelUsage
+from .scripted import ScriptedModel, ScriptError
+
+__all__ = [
+    "Model",
+    "ModelError",
+    "ModelProvider",
+    "ModelRequest",
+    "ModelResponse",
+    "ModelUsage",
+    "ScriptError",
+    "ScriptedModel",
+]
+
+MISSING_KEY = (
+    "no model configured: set ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a compatible "
+    "server), or pass --model scripted:FILE"
+)
+
+
+class ModelProvider:
+    """Turns model names (aliases, ids, ``scripted:PATH``) into Model objects."""
+
+    def __init__(
+        self, settings: Settings, spec: str | None = None, *, scripted: ScriptedModel | None = None
+    ) -> None:
+        self.settings = settings
+        self.scripted = scripted
+        spec = spec or settings.model
+        if scripted is None and spec.startswith("scripted:"):
+            self.scripted = ScriptedModel.load(Path(spec.removeprefix("scripted:")))
+        self.default = "scripted" if self.scripted is not None else settings.resolve_model(spec)
+        self._models: dict[str, Model] = {}
+        self._client: object | None = None
+
+    def resolve(self, name: str | None) -> str:
+        if self.scripted is not None:
+            return self.settings.resolve_model(name) if name else "scripted"
+        return self.settings.resolve_model(name) if name else self.default
+
+    def check_ready(self) -> None:
+        if self.scripted is None:
+            from .anthropic import has_credentials
+
+            if not has_credentials():
+                raise UsageError(MISSING_KEY)
+
+    def get(self, name: str) -> Model:
+        if self.scripted is not None:
+            return self.scripted
+        if name not in self._models:
+            from .anthropic import AnthropicModel, make_client
+
+            if self._client is None:
+                self._client = make_client()
+            self._models[name] = AnthropicModel(self._client, name)  # type: ignore[arg-type]
+        return self._models[name]

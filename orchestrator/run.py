@@ -1,0 +1,168 @@
+"""A run: its record (what the store keeps) and its result (what callers get back).
+
+Every agent execution, root or child, is one run. The record is the single
+source of truth for its place in the QueryChain (chain_id, depth,
+parent_run_id), its limits (allowed tools, max_depth) and its outcome, so a
+resumed or reconciled run is held to the same limits it started with.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+# CLI exit code for each final status.
+EXIT_CODES: dict[RunStatus, int] = {
+    RunStatus.SUCCEEDED: 0,
+    RunStatus.FAILED: 1,
+    RunStatus.INTERRUPTED: 1,
+    RunStatus.TIMED_OUT: 124,
+    RunStatus.CANCELLED: 130,
+}
+
+
+def new_run_id() -> str:
+    return "r-" + uuid.uuid4().hex[:12]
+
+
+def new_chain_id() -> str:
+    return "c-" + uuid.uuid4().hex[:12]
+
+
+def now() -> float:
+    return time.time()
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    turns: int = 0
+    tool_uses: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class CommandEvidence(BaseModel):
+    command: str
+    exit_code: int | None  # None: killed (timeout / cancel) or refused before running
+
+
+class Evidence(BaseModel):
+    """What the run actually did, gathered by the orchestrator, never claimed by the model."""
+
+    files_read: list[str] = Field(default_factory=list)
+    files_written: list[str] = Field(default_factory=list)
+    commands: list[CommandEvidence] = Field(default_factory=list)
+    children: list[str] = Field(default_factory=list)
+
+    def note_read(self, path: str) -> None:
+        if path not in self.files_read:
+            self.files_read.append(path)
+
+    def note_written(self, path: str) -> None:
+        if path not in self.files_written:
+            self.files_written.append(path)
+
+
+class Activity(BaseModel):
+    tool: str
+    summary: str
+    at: float
+
+
+class RunRecord(BaseModel):
+    """One row of the runs table."""
+
+    run_id: str
+    chain_id: str
+    parent_run_id: str | None = None
+    depth: int = 0
+    max_depth: int = 3
+    agent: str = "general"
+    description: str = ""
+    isolation: str = "shared"
+    background: bool = False
+    model: str = ""
+    status: RunStatus = RunStatus.QUEUED
+    prompt: str = ""
+    summary: str = ""  # final text when ended; latest assistant text while running
+    output: str = ""  # whole final text (summary may be cut for the parent)
+    error: str | None = None
+    allowed_tools: list[str] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    evidence: Evidence = Field(default_factory=Evidence)
+    artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    workspace: dict[str, Any] = Field(default_factory=dict)
+    last_activity: Activity | None = None
+    recent_activities: list[Activity] = Field(default_factory=list)
+    pid: int | None = None
+    created_at: float = Field(default_factory=now)
+    started_at: float | None = None
+    updated_at: float = Field(default_factory=now)
+    ended_at: float | None = None
+
+    def result(self) -> RunResult:
+        return RunResult(
+            run_id=self.run_id,
+            chain_id=self.chain_id,
+            parent_run_id=self.parent_run_id,
+            depth=self.depth,
+            agent=self.agent,
+            isolation=self.isolation,
+            status=self.status,
+            summary=self.output or self.summary,
+            error=self.error,
+            evidence=self.evidence,
+            artifacts=self.artifacts,
+            usage=self.usage,
+            workspace=self.workspace,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+        )
+
+
+class RunResult(BaseModel):
+    """What `orch result --json` and `orch task --json` print: the contract of a finished run."""
+
+    run_id: str
+    chain_id: str
+    parent_run_id: str | None
+    depth: int
+    agent: str
+    isolation: str
+    status: RunStatus
+    summary: str
+    error: str | None
+    evidence: Evidence
+    artifacts: list[dict[str, Any]]
+    usage: Usage
+    workspace: dict[str, Any]
+    started_at: float | None
+    ended_at: float | None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.status, 1)

@@ -1,0 +1,291 @@
+"""The store: one SQLite file (WAL) per project, the only place that writes SQL.
+
+Tables: ``runs`` (one row per run: its QueryChain position, limits, status,
+progress and result), ``events`` (append-only: run_started, tool_call,
+tool_result, child_spawned, run_finished, ...) and ``resources`` (process
+groups, worktrees, containers a run owns, registered as they start, so a
+crashed owner's leftovers can be found and reaped).
+
+Safe across processes: WAL journal, a busy timeout, and short transactions
+(``BEGIN IMMEDIATE`` for read-modify-write), so many writers never lose an
+update or see "database is locked".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .errors import NotFound
+from .run import Activity, RunRecord, RunStatus, now
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    chain_id TEXT NOT NULL,
+    parent_run_id TEXT,
+    depth INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    pid INTEGER,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_chain ON runs(chain_id);
+CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id);
+CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
+CREATE INDEX IF NOT EXISTS runs_created ON runs(created_at);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
+CREATE TABLE IF NOT EXISTS resources (
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    owner_pid INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (kind, ref)
+);
+CREATE TABLE IF NOT EXISTS outputs (
+    run_id TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+);
+"""
+
+RECENT_ACTIVITIES = 5
+
+
+def state_dir(project_root: Path) -> Path:
+    """``$ORCH_HOME`` or ``<project>/.orch``; created with a ``.gitignore`` of ``*``."""
+    env = os.environ.get("ORCH_HOME")
+    path = Path(env).expanduser() if env else project_root / ".orch"
+    path.mkdir(parents=True, exist_ok=True)
+    ignore = path / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    return path
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._conn().executescript(SCHEMA)
+
+    @classmethod
+    def for_project(cls, project_root: Path) -> Store:
+        return cls(state_dir(project_root) / "orch.db")
+
+    # -- connection ---------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- runs ---------------------------------------------------------------------
+    def create_run(self, record: RunRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, chain_id, parent_run_id, depth, status, created_at,"
+                " updated_at, pid, data) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    record.run_id,
+                    record.chain_id,
+                    record.parent_run_id,
+                    record.depth,
+                    record.status.value,
+                    record.created_at,
+                    record.updated_at,
+                    record.pid,
+                    record.model_dump_json(),
+                ),
+            )
+
+    def _load(self, db: sqlite3.Connection, run_id: str) -> RunRecord | None:
+        row = db.execute("SELECT data FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return RunRecord.model_validate_json(row[0]) if row else None
+
+    def _save(self, db: sqlite3.Connection, record: RunRecord) -> None:
+        record.updated_at = now()
+        db.execute(
+            "UPDATE runs SET status=?, updated_at=?, pid=?, data=? WHERE run_id=?",
+            (
+                record.status.value,
+                record.updated_at,
+                record.pid,
+                record.model_dump_json(),
+                record.run_id,
+            ),
+        )
+
+    def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        """Set fields of a run in one transaction (read-modify-write, no lost updates)."""
+        with self._tx() as db:
+            record = self._load(db, run_id)
+            if record is None:
+                raise NotFound(f"no run {run_id!r} in {self.path}")
+            for key, value in fields.items():
+                setattr(record, key, value)
+            self._save(db, record)
+            return record
+
+    def note_activity(self, run_id: str, tool: str, summary: str, **fields: Any) -> None:
+        """Progress write for one tool call: last/recent activity plus counters."""
+        with self._tx() as db:
+            record = self._load(db, run_id)
+            if record is None:
+                return
+            act = Activity(tool=tool, summary=summary[:200], at=now())
+            record.last_activity = act
+            record.recent_activities = [*record.recent_activities, act][-RECENT_ACTIVITIES:]
+            for key, value in fields.items():
+                setattr(record, key, value)
+            self._save(db, record)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        return self._load(self._conn(), run_id)
+
+    def require_run(self, run_id: str) -> RunRecord:
+        record = self.get_run(run_id)
+        if record is None:
+            raise NotFound(
+                f"no run {run_id!r} in {self.path}; `orch ps --all` lists the runs it holds"
+            )
+        return record
+
+    def find_runs(self, prefix: str) -> list[RunRecord]:
+        rows = self._conn().execute(
+            "SELECT data FROM runs WHERE run_id LIKE ? ORDER BY created_at", (prefix + "%",)
+        )
+        return [RunRecord.model_validate_json(r[0]) for r in rows]
+
+    def list_runs(
+        self,
+        *,
+        chain_id: str | None = None,
+        statuses: list[RunStatus] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        sql = "SELECT data FROM runs WHERE 1=1"
+        args: list[Any] = []
+        if chain_id is not None:
+            sql += " AND chain_id = ?"
+            args.append(chain_id)
+        if statuses:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args.extend(s.value for s in statuses)
+        if since is not None:
+            sql += " AND (updated_at >= ? OR status IN ('queued', 'running'))"
+            args.append(since)
+        sql += " ORDER BY created_at"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        rows = self._conn().execute(sql, args).fetchall()
+        return [RunRecord.model_validate_json(r[0]) for r in rows]
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        rows = self._conn().execute(
+            "SELECT data FROM runs WHERE parent_run_id = ? ORDER BY created_at", (run_id,)
+        )
+        return [RunRecord.model_validate_json(r[0]) for r in rows]
+
+    def descendants(self, run_id: str) -> list[RunRecord]:
+        out: list[RunRecord] = []
+        frontier = [run_id]
+        while frontier:
+            kids = [c for parent in frontier for c in self.children(parent)]
+            out.extend(kids)
+            frontier = [c.run_id for c in kids]
+        return out
+
+    # -- events -------------------------------------------------------------------
+    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO events (run_id, at, kind, data) VALUES (?,?,?,?)",
+                (run_id, now(), kind, json.dumps(data or {}, default=str)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def events(self, run_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+        rows = self._conn().execute(
+            "SELECT id, run_id, at, kind, data FROM events WHERE run_id = ? AND id > ? ORDER BY id",
+            (run_id, after_id),
+        )
+        return [
+            {"id": i, "run_id": r, "at": at, "kind": k, "data": json.loads(d)}
+            for i, r, at, k, d in rows
+        ]
+
+    # -- whole outputs ------------------------------------------------------------
+    def save_output(self, run_id: str, text: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO outputs (run_id, text) VALUES (?, ?)", (run_id, text)
+            )
+
+    def output(self, run_id: str) -> str | None:
+        row = (
+            self._conn().execute("SELECT text FROM outputs WHERE run_id = ?", (run_id,)).fetchone()
+        )
+        return str(row[0]) if row else None
+
+    # -- resources (ResourceSink) -------------------------------------------------
+    def register_resource(self, run_id: str, kind: str, ref: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO resources (run_id, kind, ref, owner_pid, created_at)"
+                " VALUES (?,?,?,?,?)",
+                (run_id, kind, ref, os.getpid(), now()),
+            )
+
+    def release_resource(self, run_id: str, kind: str, ref: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM resources WHERE kind = ? AND ref = ?", (kind, ref))
+
+    def resources(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT run_id, kind, ref, owner_pid, created_at FROM resources"
+        args: tuple[Any, ...] = ()
+        if run_id is not None:
+            sql += " WHERE run_id = ?"
+            args = (run_id,)
+        rows = self._conn().execute(sql, args).fetchall()
+        return [
+            {"run_id": r, "kind": k, "ref": ref, "owner_pid": p, "created_at": c}
+            for r, k, ref, p, c in rows
+        ]

@@ -1,0 +1,69 @@
+"""Test-wide guards: no real model call can leave this machine, no user config leaks in."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _allowed(address: Any) -> bool:
+    if isinstance(address, (str, bytes)):
+        return True  # AF_UNIX (the Docker socket, for instance)
+    host = address[0]
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    if not _allowed(address):
+        raise ConnectionRefusedError(f"tests may not reach {address!r}: no real model calls")
+    _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    if not _allowed(address):
+        raise ConnectionRefusedError(f"tests may not reach {address!r}: no real model calls")
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True)
+def no_real_model_calls(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Any connection to a non-loopback address fails; API keys and user config are hidden."""
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+    for var in (
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "ANTHROPIC_BASE_URL",
+        "ORCH_MODEL",
+        "ORCH_MAX_DEPTH",
+        "ORCH_HOME",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    yield
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A small project directory (not a git repo) with a few files."""
+    root = tmp_path / "proj"
+    (root / "src").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "demo"\n[tool.pytest.ini_options]\n')
+    (root / "src" / "app.py").write_text("def main() -> int:\n    return 42\n")
+    return root
