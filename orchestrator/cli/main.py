@@ -70,16 +70,19 @@ def run_tree(
     delegator = Delegator(
         settings=project.settings, store=project.store, catalog=catalog, models=provider
     )
-    return asyncio.run(
-        delegator.run_root(
-            prompt,
-            agent=agent,
-            isolation=isolation,
-            workdir=project.workdir,
-            max_turns=max_turns,
-            timeout_seconds=timeout,
-        )
-    )
+
+    async def go() -> RunRecord:
+        async with provider:
+            return await delegator.run_root(
+                prompt,
+                agent=agent,
+                isolation=isolation,
+                workdir=project.workdir,
+                max_turns=max_turns,
+                timeout_seconds=timeout,
+            )
+
+    return asyncio.run(go())
 
 
 def report(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
 
 from ..config import Settings
 from ..errors import UsageError
@@ -39,7 +41,25 @@ class ModelProvider:
             self.scripted = ScriptedModel.load(Path(spec.removeprefix("scripted:")))
         self.default = "scripted" if self.scripted is not None else settings.resolve_model(spec)
         self._models: dict[str, Model] = {}
-        self._client: object | None = None
+        self._client: Any = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (inside the event loop that used it)."""
+        client, self._client = self._client, None
+        self._models.clear()
+        if client is not None:
+            await client.close()
 
     def resolve(self, name: str | None) -> str:
         if self.scripted is not None:
@@ -61,5 +81,5 @@ class ModelProvider:
 
             if self._client is None:
                 self._client = make_client()
-            self._models[name] = AnthropicModel(self._client, name)  # type: ignore[arg-type]
+            self._models[name] = AnthropicModel(self._client, name)
         return self._models[name]

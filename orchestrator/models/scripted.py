@@ -41,6 +41,8 @@ from .base import Block, ModelRequest, ModelResponse, ModelUsage
 class ScriptError(OrchError):
     """The script and the run disagree; the message says where."""
 
+    exit_code = 2
+
 
 class ScriptToolCall(BaseModel):
     model_config = ConfigDict(extra="forbid")

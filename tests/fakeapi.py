@@ -1,0 +1,120 @@
+"""A fake Anthropic Messages API on loopback, driven through the real `anthropic` SDK.
+
+Each request is recorded; a ``responder`` decides the reply from the request
+body. Faults can be injected: a status code (429, 500, 529) or a dropped
+connection, for the first N requests or a fraction of them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Responder = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def text_reply(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "stop_reason": "end_turn"}
+
+
+def tool_reply(*calls: tuple[str, dict[str, Any]], text: str = "") -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for i, (name, args) in enumerate(calls):
+        content.append({"type": "tool_use", "id": f"toolu_{random.getrandbits(40):x}_{i}",
+                        "name": name, "input": args})
+    return {"content": content, "stop_reason": "tool_use"}
+
+
+@dataclass
+class FakeAPI:
+    responder: Responder
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    fault_rate: float = 0.0
+    faults: tuple[int, ...] = (429, 500, 529, 0)  # 0: drop the connection
+    fail_first: int = 0
+    seed: int = 7
+    served: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    base_url: str = ""
+
+    def decide_fault(self, rng: random.Random) -> int | None:
+        with self.lock:
+            self.served += 1
+            n = self.served
+        if n <= self.fail_first:
+            return self.faults[(n - 1) % len(self.faults)]
+        if self.fault_rate and rng.random() < self.fault_rate:
+            return rng.choice(self.faults)
+        return None
+
+
+def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
+    rng = random.Random(api.seed)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            fault = api.decide_fault(rng)
+            if fault == 0:
+                self.close_connection = True
+                self.connection.close()
+                return
+            if fault is not None:
+                err = {"type": "error", "error": {"type": "overloaded_error", "message": "injected"}}
+                self._send(fault, err, {"retry-after-ms": "10"})
+                return
+            with api.lock:
+                api.requests.append(body)
+                api.headers.append({k.lower(): v for k, v in self.headers.items()})
+            reply = api.responder(body)
+            message = {
+                "id": f"msg_{len(api.requests)}",
+                "type": "message",
+                "role": "assistant",
+                "model": body.get("model", "fake"),
+                "stop_sequence": None,
+                "usage": {"input_tokens": len(json.dumps(body)) // 4,
+                          "output_tokens": len(json.dumps(reply["content"])) // 4},
+                **reply,
+            }
+            self._send(200, message)
+
+        def _send(self, code: int, data: dict[str, Any], extra: dict[str, str] | None = None) -> None:
+            raw = json.dumps(data).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(raw)))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(raw)
+
+    return Handler
+
+
+@contextmanager
+def serve(api: FakeAPI) -> Iterator[FakeAPI]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(api))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    api.base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield api
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
