@@ -7,6 +7,7 @@ read and written, commands and their exit codes) on the run context.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,6 +31,9 @@ class ToolFailure(Exception):
     """Raised inside a tool: becomes an ``is_error`` tool_result with this message."""
 
 
+_SCHEMAS: dict[type[Tool], dict[str, Any]] = {}
+
+
 class Tool:
     name: ClassVar[str]
     description: ClassVar[str]
@@ -37,11 +41,16 @@ class Tool:
     read_only: ClassVar[bool] = False
 
     def schema(self) -> dict[str, Any]:
-        schema = self.input_model.model_json_schema()
-        schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
-        return {"name": self.name, "description": self.description, "input_schema": schema}
+        """The schema sent to the model; built once per tool class (pydantic is slow at it)."""
+        cached = _SCHEMAS.get(type(self))
+        if cached is None:
+            schema = self.input_model.model_json_schema()
+            schema.pop("title", None)
+            for prop in schema.get("properties", {}).values():
+                prop.pop("title", None)
+            cached = {"name": self.name, "description": self.description, "input_schema": schema}
+            _SCHEMAS[type(self)] = cached
+        return copy.deepcopy(cached)
 
     async def run(self, ctx: RunContext, args: Any) -> ToolOutput:
         raise NotImplementedError

@@ -1,0 +1,111 @@
+"""Core delegation benchmarks: shared-child spawn overhead and fan-out wall time.
+
+Each measure is compared with the raw primitive measured in the same run:
+- spawn: `task` call → the child's first model request, vs a bare
+  ``asyncio.create_task`` of a model call (what any delegation costs at least);
+- fan-out: 32 children at 0.5 s model latency, vs one child (goal ≤ 1.2×).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.config import Settings  # noqa: E402
+from orchestrator.definitions import load_catalog  # noqa: E402
+from orchestrator.delegation import Delegator  # noqa: E402
+from orchestrator.models import ModelProvider, ModelRequest, ModelResponse  # noqa: E402
+from orchestrator.store import Store  # noqa: E402
+
+
+class BenchModel:
+    """Parent: `fan` task calls then a final text. Children: wait `latency`, answer."""
+
+    def __init__(self, fan: int, latency: float) -> None:
+        self.fan = fan
+        self.latency = latency
+        self.call_returned: list[float] = []
+        self.child_first: dict[str, float] = {}
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        now = time.perf_counter()
+        if request.depth == 0:
+            if len(request.messages) == 1:
+                content: list[dict[str, Any]] = [
+                    {"type": "tool_use", "id": f"t{i}", "name": "task",
+                     "input": {"description": f"c{i}", "prompt": f"child {i}"}}
+                    for i in range(self.fan)
+                ]
+                self.call_returned.append(time.perf_counter())
+                return ModelResponse(content=content, stop_reason="tool_use")
+            return ModelResponse(content=[{"type": "text", "text": "done"}])
+        self.child_first.setdefault(request.run_id, now)
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        return ModelResponse(content=[{"type": "text", "text": "child done"}])
+
+
+async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, BenchModel]:
+    model = BenchModel(fan, latency)
+    settings = Settings(max_parallel_children=cap)
+    provider = ModelProvider(settings)
+    provider.scripted = model  # type: ignore[assignment]  # any Model will do
+    delegator = Delegator(settings=settings, store=Store.for_project(root),
+                          catalog=load_catalog(root), models=provider)
+    t0 = time.perf_counter()
+    rec = await delegator.run_root("bench", workdir=root)
+    wall = time.perf_counter() - t0
+    assert rec.status.value == "succeeded", rec.error
+    return wall, model
+
+
+async def _raw_spawn() -> float:
+    model = BenchModel(1, 0.0)
+    req = ModelRequest(system="", messages=[{"role": "user", "content": "x"}], tools=[],
+                       model="m", max_tokens=1, run_id="raw", depth=1)
+    t0 = time.perf_counter()
+    await asyncio.create_task(model.complete(req))
+    return model.child_first["raw"] - t0
+
+
+def run(samples: int = 60) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        spawn: list[float] = []
+        raw: list[float] = []
+        for _ in range(samples):
+            _, model = asyncio.run(_tree(root, 1, 0.0, 20))
+            first = next(iter(model.child_first.values()))
+            spawn.append(first - model.call_returned[0])
+            raw.append(asyncio.run(_raw_spawn()))
+        s_med, r_med = statistics.median(spawn) * 1000, statistics.median(raw) * 1000
+        rows.append({"measure": "shared child spawn (task call → child's 1st request), median",
+                     "orch_ms": s_med, "raw_ms": r_med, "ratio": s_med / r_med if r_med else None,
+                     "goal": "≤ 2 ms", "met": s_med <= 2.0})
+        one, _ = asyncio.run(_tree(root, 1, 0.5, 32))
+        for cap in (32, 20):
+            fan, _ = asyncio.run(_tree(root, 32, 0.5, cap))
+            rows.append({"measure": f"fan-out 32 children @0.5 s (cap {cap}) vs 1 child, wall",
+                         "orch_ms": fan * 1000, "raw_ms": one * 1000, "ratio": fan / one,
+                         "goal": "≤ 1.2×", "met": fan / one <= 1.2})
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'measure':<66} {'orch ms':>10} {'raw ms':>10} {'ratio':>7}  goal      met")
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        print(f"{r['measure']:<66} {r['orch_ms']:>10.3f} {r['raw_ms']:>10.3f} {ratio:>7}  "
+              f"{r['goal']:<9} {'yes' if r['met'] else 'NO'}")
+
+
+if __name__ == "__main__":
+    print_table(run())
