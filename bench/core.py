@@ -39,8 +39,12 @@ class BenchModel:
         if request.depth == 0:
             if len(request.messages) == 1:
                 content: list[dict[str, Any]] = [
-                    {"type": "tool_use", "id": f"t{i}", "name": "task",
-                     "input": {"description": f"c{i}", "prompt": f"child {i}"}}
+                    {
+                        "type": "tool_use",
+                        "id": f"t{i}",
+                        "name": "task",
+                        "input": {"description": f"c{i}", "prompt": f"child {i}"},
+                    }
                     for i in range(self.fan)
                 ]
                 self.call_returned.append(time.perf_counter())
@@ -57,8 +61,12 @@ async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, 
     settings = Settings(max_parallel_children=cap)
     provider = ModelProvider(settings)
     provider.scripted = model  # type: ignore[assignment]  # any Model will do
-    delegator = Delegator(settings=settings, store=Store.for_project(root),
-                          catalog=load_catalog(root), models=provider)
+    delegator = Delegator(
+        settings=settings,
+        store=Store.for_project(root),
+        catalog=load_catalog(root),
+        models=provider,
+    )
     t0 = time.perf_counter()
     rec = await delegator.run_root("bench", workdir=root)
     wall = time.perf_counter() - t0
@@ -68,8 +76,15 @@ async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, 
 
 async def _raw_spawn() -> float:
     model = BenchModel(1, 0.0)
-    req = ModelRequest(system="", messages=[{"role": "user", "content": "x"}], tools=[],
-                       model="m", max_tokens=1, run_id="raw", depth=1)
+    req = ModelRequest(
+        system="",
+        messages=[{"role": "user", "content": "x"}],
+        tools=[],
+        model="m",
+        max_tokens=1,
+        run_id="raw",
+        depth=1,
+    )
     t0 = time.perf_counter()
     await asyncio.create_task(model.complete(req))
     return model.child_first["raw"] - t0
@@ -87,15 +102,29 @@ def run(samples: int = 60) -> list[dict[str, Any]]:
             spawn.append(first - model.call_returned[0])
             raw.append(asyncio.run(_raw_spawn()))
         s_med, r_med = statistics.median(spawn) * 1000, statistics.median(raw) * 1000
-        rows.append({"measure": "shared child spawn (task call → child's 1st request), median",
-                     "orch_ms": s_med, "raw_ms": r_med, "ratio": s_med / r_med if r_med else None,
-                     "goal": "≤ 2 ms", "met": s_med <= 2.0})
+        rows.append(
+            {
+                "measure": "shared child spawn (task call → child's 1st request), median",
+                "orch_ms": s_med,
+                "raw_ms": r_med,
+                "ratio": s_med / r_med if r_med else None,
+                "goal": "≤ 2 ms",
+                "met": s_med <= 2.0,
+            }
+        )
         one, _ = asyncio.run(_tree(root, 1, 0.5, 32))
         for cap in (32, 20):
             fan, _ = asyncio.run(_tree(root, 32, 0.5, cap))
-            rows.append({"measure": f"fan-out 32 children @0.5 s (cap {cap}) vs 1 child, wall",
-                         "orch_ms": fan * 1000, "raw_ms": one * 1000, "ratio": fan / one,
-                         "goal": "≤ 1.2×", "met": fan / one <= 1.2})
+            rows.append(
+                {
+                    "measure": f"fan-out 32 children @0.5 s (cap {cap}) vs 1 child, wall",
+                    "orch_ms": fan * 1000,
+                    "raw_ms": one * 1000,
+                    "ratio": fan / one,
+                    "goal": "≤ 1.2×",
+                    "met": fan / one <= 1.2,
+                }
+            )
     return rows
 
 
@@ -103,8 +132,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'measure':<66} {'orch ms':>10} {'raw ms':>10} {'ratio':>7}  goal      met")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        print(f"{r['measure']:<66} {r['orch_ms']:>10.3f} {r['raw_ms']:>10.3f} {ratio:>7}  "
-              f"{r['goal']:<9} {'yes' if r['met'] else 'NO'}")
+        print(
+            f"{r['measure']:<66} {r['orch_ms']:>10.3f} {r['raw_ms']:>10.3f} {ratio:>7}  "
+            f"{r['goal']:<9} {'yes' if r['met'] else 'NO'}"
+        )
 
 
 if __name__ == "__main__":

@@ -84,8 +84,10 @@ class AgentRun:
         max_turns: int,
         before_turn: Callable[[RunContext], Awaitable[None]] | None = None,
         before_finish: Callable[[RunContext], Awaitable[bool]] | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.on_progress = on_progress or (lambda: None)
         self.max_turns = max_turns
         self.before_turn = before_turn
         # Returns True when the run must go on (e.g. background children delivered results).
@@ -146,6 +148,7 @@ class AgentRun:
                 depth=ctx.record.depth,
             )
             response = await ctx.model.complete(request)
+            self.on_progress()
             ctx.usage.turns = turns
             ctx.usage.input_tokens += response.usage.input_tokens
             ctx.usage.output_tokens += response.usage.output_tokens
@@ -193,6 +196,7 @@ class AgentRun:
             ctx.run_id, name, summarize_input(name, args), usage=ctx.usage.model_copy()
         )
         output = await self._execute(name, args)
+        self.on_progress()
         output.content = cut(output.content, ctx.settings.tool_output_limit)
         ctx.store.add_event(
             ctx.run_id,

@@ -70,8 +70,8 @@ class Policy:
         return self.allowed_tools - DELEGATION_TOOLS
 
     def child_tools(self, requested: list[str]) -> frozenset[str]:
-        """A child never has more tools than its parent (``task`` aside, which depth governs)."""
-        return frozenset(t for t in requested if t in self.allowed_tools or t in DELEGATION_TOOLS)
+        """A child never has more tools than its parent."""
+        return frozenset(t for t in requested if t in self.allowed_tools)
 
     def check_call(self, tool: str, args: Mapping[str, Any]) -> Decision:
         if tool in DELEGATION_TOOLS and tool == "task" and not self.may_delegate:
@@ -103,8 +103,11 @@ class Policy:
     def for_run(
         cls, settings: Settings, allowed_tools: list[str], depth: int, max_depth: int
     ) -> Policy:
+        tools = set(allowed_tools)
+        if "task" in tools:  # who may delegate may also collect and stop what it delegated
+            tools |= DELEGATION_TOOLS
         return cls(
-            allowed_tools=frozenset(allowed_tools),
+            allowed_tools=frozenset(tools),
             depth=depth,
             max_depth=max_depth,
             deny=list(settings.bash_deny),

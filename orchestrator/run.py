@@ -119,6 +119,9 @@ class RunRecord(BaseModel):
     last_activity: Activity | None = None
     recent_activities: list[Activity] = Field(default_factory=list)
     pid: int | None = None
+    pid_start: int | None = None  # the owner's start time (clock ticks): guards against pid reuse
+    # How a detached worker re-creates the run: workdir, model spec, limits, agents dirs.
+    options: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=now)
     started_at: float | None = None
     updated_at: float = Field(default_factory=now)

@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS runs (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     pid INTEGER,
+    heartbeat_at REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_chain ON runs(chain_id);
@@ -64,6 +66,10 @@ CREATE TABLE IF NOT EXISTS outputs (
 """
 
 RECENT_ACTIVITIES = 5
+
+
+def _marks(items: list[str]) -> str:
+    return ",".join("?" * len(items))
 
 
 def state_dir(project_root: Path) -> Path:
@@ -231,6 +237,60 @@ class Store:
             kids = [c for parent in frontier for c in self.children(parent)]
             out.extend(kids)
             frontier = [c.run_id for c in kids]
+        return out
+
+    # -- ownership: heartbeats and cross-process cancel requests ---------------------
+    def heartbeat(self, run_ids: list[str]) -> None:
+        if not run_ids:
+            return
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE runs SET heartbeat_at = ? WHERE run_id IN ({_marks(run_ids)})",
+                (now(), *run_ids),
+            )
+
+    def request_cancel(self, run_ids: list[str]) -> None:
+        if not run_ids:
+            return
+        with self._tx() as db:
+            db.execute(
+                "UPDATE runs SET cancel_requested = 1"
+                f" WHERE run_id IN ({_marks(run_ids)})",
+                run_ids,
+            )
+
+    def cancel_requests(self, run_ids: list[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        rows = self._conn().execute(
+            "SELECT run_id FROM runs WHERE cancel_requested = 1"
+            f" AND run_id IN ({_marks(run_ids)})",
+            run_ids,
+        )
+        return {r[0] for r in rows}
+
+    def heartbeats(self, run_ids: list[str]) -> dict[str, float | None]:
+        if not run_ids:
+            return {}
+        rows = self._conn().execute(
+            f"SELECT run_id, heartbeat_at FROM runs WHERE run_id IN ({_marks(run_ids)})",
+            run_ids,
+        )
+        return {r: h for r, h in rows}
+
+    def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:
+        """Runs as plain dicts (no model validation): fast enough for `orch ps` over 10k runs."""
+        sql = "SELECT data, heartbeat_at FROM runs"
+        args: list[Any] = []
+        if since is not None:
+            sql += " WHERE updated_at >= ? OR status IN ('queued', 'running')"
+            args.append(since)
+        sql += " ORDER BY created_at"
+        out = []
+        for data, hb in self._conn().execute(sql, args):
+            row: dict[str, Any] = json.loads(data)
+            row["heartbeat_at"] = hb
+            out.append(row)
         return out
 
     # -- events -------------------------------------------------------------------

@@ -26,8 +26,14 @@ def text_reply(text: str) -> dict[str, Any]:
 def tool_reply(*calls: tuple[str, dict[str, Any]], text: str = "") -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     for i, (name, args) in enumerate(calls):
-        content.append({"type": "tool_use", "id": f"toolu_{random.getrandbits(40):x}_{i}",
-                        "name": name, "input": args})
+        content.append(
+            {
+                "type": "tool_use",
+                "id": f"toolu_{random.getrandbits(40):x}_{i}",
+                "name": name,
+                "input": args,
+            }
+        )
     return {"content": content, "stop_reason": "tool_use"}
 
 
@@ -73,7 +79,10 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
                 self.connection.close()
                 return
             if fault is not None:
-                err = {"type": "error", "error": {"type": "overloaded_error", "message": "injected"}}
+                err = {
+                    "type": "error",
+                    "error": {"type": "overloaded_error", "message": "injected"},
+                }
                 self._send(fault, err, {"retry-after-ms": "10"})
                 return
             with api.lock:
@@ -86,13 +95,17 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
                 "role": "assistant",
                 "model": body.get("model", "fake"),
                 "stop_sequence": None,
-                "usage": {"input_tokens": len(json.dumps(body)) // 4,
-                          "output_tokens": len(json.dumps(reply["content"])) // 4},
+                "usage": {
+                    "input_tokens": len(json.dumps(body)) // 4,
+                    "output_tokens": len(json.dumps(reply["content"])) // 4,
+                },
                 **reply,
             }
             self._send(200, message)
 
-        def _send(self, code: int, data: dict[str, Any], extra: dict[str, str] | None = None) -> None:
+        def _send(
+            self, code: int, data: dict[str, Any], extra: dict[str, str] | None = None
+        ) -> None:
             raw = json.dumps(data).encode()
             self.send_response(code)
             self.send_header("content-type", "application/json")

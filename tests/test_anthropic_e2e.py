@@ -40,8 +40,16 @@ def responder(body: dict[str, Any]) -> dict[str, Any]:
     turn = (len(body["messages"]) + 1) // 2
     if depth == 0:
         if turn == 1:
-            return tool_reply(("task", {"description": "inspect", "subagent_type": "general",
-                                        "prompt": "Inspect the project and report."}))
+            return tool_reply(
+                (
+                    "task",
+                    {
+                        "description": "inspect",
+                        "subagent_type": "general",
+                        "prompt": "Inspect the project and report.",
+                    },
+                )
+            )
         return text_reply("parent done")
     if depth == 1:
         if turn == 1:
@@ -85,13 +93,14 @@ def test_real_sdk_end_to_end(api: FakeAPI, project: Path, tmp_path: Path) -> Non
     # aliases resolve to ids; the SDK sent our key
     assert {b["model"] for b in api.requests} == {"claude-sonnet-4-5"}
     assert all(
-        "sk-test-fake" in (h.get("x-api-key", "") + h.get("authorization", ""))
-        for h in api.headers
+        "sk-test-fake" in (h.get("x-api-key", "") + h.get("authorization", "")) for h in api.headers
     )
 
     # the child's first request is fresh: one message, the prompt
     child_first = by_depth[1][0]
-    assert child_first["messages"] == [{"role": "user", "content": "Inspect the project and report."}]
+    assert child_first["messages"] == [
+        {"role": "user", "content": "Inspect the project and report."}
+    ]
     grandchild_first = by_depth[2][0]
     assert len(grandchild_first["messages"]) == 1
 
@@ -123,8 +132,9 @@ def test_sdk_retries_injected_faults(api: FakeAPI, project: Path) -> None:
     settings = Settings()
     store = Store.for_project(project)
     provider = ModelProvider(settings)
-    delegator = Delegator(settings=settings, store=store, catalog=load_catalog(project),
-                          models=provider)
+    delegator = Delegator(
+        settings=settings, store=store, catalog=load_catalog(project), models=provider
+    )
     root = asyncio.run(_run(delegator, provider, "hi", project))
     assert root.status == RunStatus.SUCCEEDED and root.output == "made it"
     assert api.served == 4
@@ -136,8 +146,9 @@ def test_persistent_errors_fail_the_run_clearly(api: FakeAPI, project: Path) -> 
     settings = Settings()
     store = Store.for_project(project)
     provider = ModelProvider(settings)
-    delegator = Delegator(settings=settings, store=store, catalog=load_catalog(project),
-                          models=provider)
+    delegator = Delegator(
+        settings=settings, store=store, catalog=load_catalog(project), models=provider
+    )
     root = asyncio.run(_run(delegator, provider, "hi", project))
     assert root.status == RunStatus.FAILED
     assert root.error is not None and "model API error 500" in root.error

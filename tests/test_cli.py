@@ -17,25 +17,49 @@ import yaml
 from tests.support import alive
 
 RESULT_KEYS = {
-    "run_id", "chain_id", "parent_run_id", "depth", "agent", "isolation", "status", "summary",
-    "error", "evidence", "artifacts", "usage", "workspace", "started_at", "ended_at",
+    "run_id",
+    "chain_id",
+    "parent_run_id",
+    "depth",
+    "agent",
+    "isolation",
+    "status",
+    "summary",
+    "error",
+    "evidence",
+    "artifacts",
+    "usage",
+    "workspace",
+    "started_at",
+    "ended_at",
 }
 
 
-def orch(*args: str, cwd: Path, env: dict[str, str] | None = None,
-         timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def orch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture
 def repo(project: Path) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     subprocess.run(["git", "add", "."], cwd=project, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
-                   cwd=project, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+        cwd=project,
+        check=True,
+    )
     return project
 
 
@@ -53,20 +77,50 @@ def test_missing_key_is_one_line_and_exit_2(repo: Path) -> None:
 
 
 def test_scripted_task_json_contract_and_clean_git(repo: Path) -> None:
-    script = write_script(repo, {"conversations": [
-        {"depth": 0, "turns": [
-            {"tool_calls": [{"tool": "task", "input": {
-                "description": "find framework", "subagent_type": "explorer",
-                "prompt": "Which test framework does pyproject.toml configure?"}}]},
-            {"text": "pytest"},
-        ]},
-        {"agent": "explorer", "turns": [
-            {"tool_calls": [{"tool": "read_file", "input": {"path": "pyproject.toml"}}]},
-            {"text": "pytest, per [tool.pytest.ini_options]"},
-        ]},
-    ]})
-    r = orch("task", "Find which test framework this repo uses", "--json",
-             "--model", f"scripted:{script}", cwd=repo)
+    script = write_script(
+        repo,
+        {
+            "conversations": [
+                {
+                    "depth": 0,
+                    "turns": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "tool": "task",
+                                    "input": {
+                                        "description": "find framework",
+                                        "subagent_type": "explorer",
+                                        "prompt": "Which test framework does pyproject.toml use?",
+                                    },
+                                }
+                            ]
+                        },
+                        {"text": "pytest"},
+                    ],
+                },
+                {
+                    "agent": "explorer",
+                    "turns": [
+                        {
+                            "tool_calls": [
+                                {"tool": "read_file", "input": {"path": "pyproject.toml"}}
+                            ]
+                        },
+                        {"text": "pytest, per [tool.pytest.ini_options]"},
+                    ],
+                },
+            ]
+        },
+    )
+    r = orch(
+        "task",
+        "Find which test framework this repo uses",
+        "--json",
+        "--model",
+        f"scripted:{script}",
+        cwd=repo,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert set(data) == RESULT_KEYS
@@ -74,8 +128,9 @@ def test_scripted_task_json_contract_and_clean_git(repo: Path) -> None:
     assert data["depth"] == 0 and data["parent_run_id"] is None
     assert set(data["usage"]) == {"turns", "tool_uses", "input_tokens", "output_tokens"}
     assert data["evidence"]["children"]
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
-                            text=True, check=True).stdout
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
     assert status == ""
 
     run_id = data["run_id"]
@@ -94,8 +149,17 @@ def test_scripted_task_json_contract_and_clean_git(repo: Path) -> None:
 
 
 def test_exit_codes_follow_status(repo: Path) -> None:
-    loop = write_script(repo, {"conversations": [{"runs": "*", "turns": [
-        {"tool_calls": [{"tool": "glob", "input": {"pattern": "*"}}]}] * 5}]})
+    loop = write_script(
+        repo,
+        {
+            "conversations": [
+                {
+                    "runs": "*",
+                    "turns": [{"tool_calls": [{"tool": "glob", "input": {"pattern": "*"}}]}] * 5,
+                }
+            ]
+        },
+    )
     r = orch("task", "x", "--max-turns", "2", "--model", f"scripted:{loop}", cwd=repo)
     assert r.returncode == 1 and "max_turns (2)" in r.stderr
     slow = write_script(repo, {"conversations": [{"latency_s": 5, "turns": [{"text": "late"}]}]})
@@ -124,25 +188,73 @@ def test_bad_input_is_one_line_exit_2(repo: Path) -> None:
 
 
 def test_unused_script_turns_fail_the_command(repo: Path) -> None:
-    script = write_script(repo, {"conversations": [
-        {"turns": [{"text": "done early"}]},
-        {"agent": "explorer", "turns": [{"text": "never asked"}]},
-    ]})
+    script = write_script(
+        repo,
+        {
+            "conversations": [
+                {"turns": [{"text": "done early"}]},
+                {"agent": "explorer", "turns": [{"text": "never asked"}]},
+            ]
+        },
+    )
     r = orch("task", "x", "--model", f"scripted:{script}", cwd=repo)
     assert r.returncode == 1 and "script not fully used" in r.stderr
 
 
 def test_ctrl_c_cancels_the_whole_tree(repo: Path) -> None:
-    script = write_script(repo, {"conversations": [
-        {"depth": 0, "turns": [{"tool_calls": [{"tool": "task", "input": {
-            "description": "sleeper", "prompt": "sleep"}}]}, {"text": "never"}]},
-        {"depth": 1, "turns": [{"tool_calls": [{"tool": "bash", "input": {
-            "command": "echo $$ > sleeper.pid; sleep 60"}}]}, {"text": "never"}]},
-    ]})
+    script = write_script(
+        repo,
+        {
+            "conversations": [
+                {
+                    "depth": 0,
+                    "turns": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "tool": "task",
+                                    "input": {"description": "sleeper", "prompt": "sleep"},
+                                }
+                            ]
+                        },
+                        {"text": "never"},
+                    ],
+                },
+                {
+                    "depth": 1,
+                    "turns": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "tool": "bash",
+                                    "input": {"command": "echo $$ > sleeper.pid; sleep 60"},
+                                }
+                            ]
+                        },
+                        {"text": "never"},
+                    ],
+                },
+            ]
+        },
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "task", "go", "--json",
-                             "--model", f"scripted:{script}"], cwd=repo, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "task",
+            "go",
+            "--json",
+            "--model",
+            f"scripted:{script}",
+        ],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pidfile = repo / "sleeper.pid"
     for _ in range(200):
         if pidfile.exists() and pidfile.read_text().strip():

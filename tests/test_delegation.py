@@ -176,7 +176,8 @@ def test_child_never_gets_more_tools_than_parent(project: Path, tmp_path: Path) 
     h = harness(project, script, agents_dirs=[agents])
     root = h.run(agent="lead")
     child = h.store.children(root.run_id)[0]
-    assert set(child.allowed_tools) <= {"read_file", "task"}
+    assert set(child.allowed_tools) <= {"read_file", "task", "task_output", "task_stop"}
+    assert "write_file" not in child.allowed_tools and "bash" not in child.allowed_tools
     assert not (project / "x.txt").exists()
 
 
@@ -376,7 +377,7 @@ def test_isolation_tiers_not_built_are_refused_clearly(project: Path) -> None:
             {
                 "depth": 0,
                 "turns": [
-                    {"tool_calls": [task_call("bg", run_in_background=True)]},
+                    {"tool_calls": [task_call("boxed", isolation="container")]},
                     {"expect_result": "not available yet", "text": "ok"},
                 ],
             },
@@ -384,8 +385,9 @@ def test_isolation_tiers_not_built_are_refused_clearly(project: Path) -> None:
     }
     h = harness(project, script)
     root = h.run()
-    assert root.status == RunStatus.SUCCEEDED
-    assert h.store.children(root.run_id) == []
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    (child,) = h.store.children(root.run_id)
+    assert child.status == RunStatus.FAILED and "not available yet" in (child.error or "")
 
 
 def test_cancel_reaches_every_descendant(project: Path) -> None:

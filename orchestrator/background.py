@@ -1,0 +1,146 @@
+"""Ownership across processes: heartbeats, cancel requests, detached workers, reconcile.
+
+Every run has an owner process (``pid`` + ``pid_start`` in its record). The
+owner's :class:`Supervisor` beats the heartbeat of the runs it holds and
+watches the store for cancel requests (``orch cancel`` from another terminal).
+Any ``orch`` command first calls :func:`reconcile`: a queued or running run
+whose owner is gone becomes ``interrupted`` (its partial output kept), and what
+it owned is reaped: process groups killed, worktrees salvaged (work committed
+to the branch, never deleted), containers removed by label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .run import RunRecord, RunStatus, now
+from .store import Store, state_dir
+from .workspaces.base import kill_group
+
+HEARTBEAT_S = 1.0
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (None if it does not exist)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None  # a zombie has finished
+    return int(fields[19])
+
+
+def owner_alive(record: RunRecord) -> bool:
+    if record.pid is None:
+        return False
+    started = process_start(record.pid)
+    if started is None:
+        return False
+    return record.pid_start is None or record.pid_start == started
+
+
+def me() -> tuple[int, int | None]:
+    return os.getpid(), process_start(os.getpid())
+
+
+class Supervisor:
+    """Runs beside the runs of one process: heartbeats and cancel requests."""
+
+    def __init__(self, store: Store, live: Callable[[], dict[str, asyncio.Task[RunRecord]]]):
+        self.store = store
+        self.live = live
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="orch-supervisor")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        while True:
+            self.tick()
+            await asyncio.sleep(HEARTBEAT_S / 4)
+
+    def tick(self) -> None:
+        jobs = self.live()
+        ids = [rid for rid, job in jobs.items() if not job.done()]
+        if not ids:
+            return
+        self.store.heartbeat(ids)
+        for rid in self.store.cancel_requests(ids):
+            job = jobs.get(rid)
+            if job is not None and not job.done():
+                job.cancel("cancel requested")
+
+
+def reap(store: Store, run_id: str) -> list[str]:
+    """Reap what a run whose owner is gone left behind; returns what was done."""
+    done: list[str] = []
+    for res in store.resources(run_id):
+        kind, ref = res["kind"], res["ref"]
+        if kind == "pgroup":
+            kill_group(int(ref))
+            done.append(f"killed process group {ref}")
+        elif kind == "worktree":
+            from .workspaces.worktree import salvage_worktree
+
+            art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted"))
+            if art:
+                done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
+        store.release_resource(run_id, kind, ref)
+    return done
+
+
+def reconcile(store: Store) -> list[RunRecord]:
+    """Mark runs whose owner is gone as interrupted and reap their resources."""
+    fixed: list[RunRecord] = []
+    for rec in store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING]):
+        if owner_alive(rec):
+            continue
+        actions = reap(store, rec.run_id)
+        error = f"interrupted: owner process {rec.pid} is gone"
+        if actions:
+            error += " (" + "; ".join(actions) + ")"
+        updated = store.update_run(
+            rec.run_id,
+            status=RunStatus.INTERRUPTED,
+            error=error,
+            output=rec.output or rec.summary,
+            ended_at=now(),
+        )
+        store.add_event(rec.run_id, "run_finished", {"status": "interrupted", "error": error})
+        fixed.append(updated)
+    return fixed
+
+
+def spawn_worker(project_root: Path, run_id: str) -> int:
+    """Start a detached worker (new session: survives the terminal) for a queued run."""
+    logs = state_dir(project_root) / "logs"
+    logs.mkdir(exist_ok=True)
+    log = (logs / f"{run_id}.log").open("ab")
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "_worker", run_id, "-C", str(project_root)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+    return proc.pid

@@ -1,0 +1,202 @@
+"""`orch agents ...` and `orch skills ...`: what definitions are installed, and are they valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..config import load_settings
+from ..definitions import Catalog, load_catalog, validate_files
+from ..paths import project_root
+from .common import err, handles_errors, out, print_json
+
+agents_app = typer.Typer(
+    help="Agent definitions: list, show, validate.", no_args_is_help=True, add_completion=False
+)
+skills_app = typer.Typer(help="Skills: list, show.", no_args_is_help=True, add_completion=False)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+AgentsDirOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--agents-dir",
+        help="Extra directory of agent *.md files; wins over the others (repeatable).",
+    ),
+]
+
+
+def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = None) -> Catalog:
+    """The catalog for the project around ``workdir`` (default: cwd).
+
+    ``--agents-dir`` flags come first, then ``agents_dirs`` from the settings
+    (relative ones are taken from the project root).
+    """
+    root = project_root(workdir)
+    settings = load_settings(root)
+    configured = [root / Path(d).expanduser() for d in settings.agents_dirs]
+    return load_catalog(root, agents_dirs=[*(agents_dirs or []), *configured])
+
+
+def _report_errors(catalog: Catalog) -> None:
+    for e in catalog.errors:
+        err.print(f"error: {e}", markup=False)
+
+
+def _short(text: str, width: int = 70) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _source(source: str) -> str:
+    if source.startswith("bundled:"):
+        return "bundled"
+    try:
+        return str(Path(source).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return source.replace(str(Path.home()), "~", 1)
+
+
+@agents_app.command("list")
+@handles_errors
+def agents_list(json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> None:
+    """List the agents that `task` and `orch run --agent` can use."""
+    catalog = open_catalog(agents_dir)
+    agents = sorted(catalog.agents.values(), key=lambda a: a.name)
+    if json_out:
+        print_json(
+            {
+                "agents": [a.model_dump(exclude={"system_prompt"}) for a in agents],
+                "errors": [str(e) for e in catalog.errors],
+            }
+        )
+        return
+    table = Table(box=None, header_style="bold", expand=True)
+    table.add_column("NAME", no_wrap=True)
+    table.add_column("DESCRIPTION", no_wrap=True, overflow="ellipsis", ratio=3)
+    table.add_column("MODEL", no_wrap=True)
+    table.add_column("TOOLS", ratio=2)
+    table.add_column("ISOLATION", no_wrap=True)
+    table.add_column("SOURCE", overflow="fold", ratio=2)
+    table.add_column("WARN", no_wrap=True)
+    for a in agents:
+        table.add_row(
+            escape(a.name),
+            escape(_short(a.description)),
+            escape(a.model or "inherit"),
+            escape("all" if a.tools is None else ", ".join(a.tools) or "none"),
+            a.isolation or "-",
+            escape(_source(a.source)),
+            str(len(a.warnings)) if a.warnings else "",
+        )
+    out.print(table)
+    _report_errors(catalog)
+
+
+@agents_app.command("show")
+@handles_errors
+def agents_show(name: str, json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> None:
+    """Show one agent: its settings, warnings and system prompt."""
+    agent = open_catalog(agents_dir).agent(name)
+    if json_out:
+        print_json(agent.model_dump())
+        return
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    rows = {
+        "name": agent.name,
+        "description": " ".join(agent.description.split()),
+        "source": agent.source,
+        "model": agent.model or "inherit",
+        "tools": "all" if agent.tools is None else ", ".join(agent.tools) or "none",
+        "disallowed": ", ".join(agent.disallowed_tools) or "-",
+        "isolation": agent.isolation or "default",
+        "background": "yes" if agent.background else "no",
+        "max turns": str(agent.max_turns) if agent.max_turns else "default",
+        "permission": agent.permission_mode or "-",
+        "skills": ", ".join(agent.skills) or "-",
+    }
+    for key, value in rows.items():
+        table.add_row(key, escape(value))
+    out.print(table)
+    for warning in agent.warnings:
+        out.print(f"[yellow]warning:[/] {escape(warning)}")
+    out.rule("system prompt")
+    out.print(agent.system_prompt or "(empty)", markup=False, emoji=False)
+
+
+@agents_app.command("validate")
+@handles_errors
+def agents_validate(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Agent .md files, SKILL.md files or directories.")
+    ],
+    json_out: JsonOpt = False,
+) -> None:
+    """Check definition files; exit 1 if any fails to load."""
+    reports = validate_files(paths)
+    failed = [r for r in reports if not r.ok]
+    if json_out:
+        print_json([r.model_dump() for r in reports])
+    else:
+        for r in reports:
+            if r.ok:
+                out.print(f"[green]ok[/] {escape(r.path)} ({r.kind} {escape(r.name or '')})")
+            else:
+                out.print(f"[red]error:[/] {escape(r.error or r.path)}")
+            for warning in r.warnings:
+                out.print(f"  [yellow]warning:[/] {escape(warning)}")
+        total = sum(len(r.warnings) for r in reports)
+        out.print(f"{len(reports)} checked, {len(failed)} failed, {total} warnings", markup=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+@skills_app.command("list")
+@handles_errors
+def skills_list(json_out: JsonOpt = False) -> None:
+    """List the skills agents can load with load_skill."""
+    catalog = open_catalog()
+    skills = sorted(catalog.skills.values(), key=lambda s: s.name)
+    if json_out:
+        print_json(
+            {
+                "skills": [s.model_dump(exclude={"body"}) for s in skills],
+                "errors": [str(e) for e in catalog.errors],
+            }
+        )
+        return
+    table = Table(box=None, header_style="bold", expand=True)
+    table.add_column("NAME", no_wrap=True)
+    table.add_column("DESCRIPTION", no_wrap=True, overflow="ellipsis", ratio=2)
+    table.add_column("SOURCE", overflow="fold", ratio=1)
+    table.add_column("WARN", no_wrap=True)
+    for s in skills:
+        table.add_row(
+            escape(s.name),
+            escape(_short(s.description, 90)),
+            escape(_source(s.source)),
+            str(len(s.warnings)) if s.warnings else "",
+        )
+    out.print(table)
+    _report_errors(catalog)
+
+
+@skills_app.command("show")
+@handles_errors
+def skills_show(name: str, json_out: JsonOpt = False) -> None:
+    """Show one skill's description and full instructions."""
+    skill = open_catalog().skill(name)
+    if json_out:
+        print_json(skill.model_dump())
+        return
+    out.print(f"[bold]{escape(skill.name)}[/] ({escape(skill.source)})")
+    out.print(" ".join(skill.description.split()), markup=False)
+    for warning in skill.warnings:
+        out.print(f"[yellow]warning:[/] {escape(warning)}")
+    out.rule()
+    out.print(skill.body, markup=False, emoji=False)

@@ -1,0 +1,499 @@
+"""Agent and skill definitions: Markdown files with YAML frontmatter, Claude Code compatible.
+
+An agent file is ``<name>.md``: frontmatter (name, description, tools, model, ...)
+then the system prompt. A skill is ``<name>/SKILL.md``: frontmatter (name,
+description) then the instructions ``load_skill`` hands out. Claude Code tool
+names are mapped to ours; whatever orch cannot honour becomes a warning on the
+definition, never a crash. A file that cannot be loaded at all becomes a
+:class:`DefinitionError` in :attr:`Catalog.errors`, so one bad file hides no other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from .config import ISOLATIONS, Isolation
+from .errors import OrchError, UsageError
+
+# Our own tool names pass through a ``tools`` list unchanged.
+ORCH_TOOLS: tuple[str, ...] = tuple(
+    "read_file write_file edit_file bash glob grep load_skill task task_output task_stop".split()
+)
+# Claude Code tool name (lower-cased) -> ours.
+CLAUDE_TOOL_MAP: dict[str, str] = {
+    "read": "read_file",
+    "notebookread": "read_file",
+    "write": "write_file",
+    "edit": "edit_file",
+    "multiedit": "edit_file",
+    "bash": "bash",
+    "glob": "glob",
+    "ls": "glob",
+    "grep": "grep",
+    "task": "task",
+    "agent": "task",
+    "skill": "load_skill",
+}
+# Claude Code tools orch has no counterpart for, and why (shown in the warning).
+UNSUPPORTED_TOOLS: dict[str, str] = {
+    **dict.fromkeys(["todowrite", "todoread"], "orch has no todo list; plan in replies instead"),
+    **dict.fromkeys(["webfetch", "websearch"], "orch has no web access"),
+    **dict.fromkeys(["bashoutput", "killshell", "killbash"], "use task/task_output/task_stop"),
+    "mcp__": "orch does not connect to MCP servers",
+    **dict.fromkeys(["notebookedit", "slashcommand", "exitplanmode", "askuserquestion"], ""),
+}
+_CAMEL = {c.lower(): c for c in ("disallowedTools", "permissionMode", "maxTurns")}
+AGENT_FIELDS = frozenset("name description tools model skills isolation background color".split())
+AGENT_FIELDS |= frozenset(_CAMEL.values())
+SKILL_FIELDS = frozenset(
+    "name description license allowed-tools metadata version compatibility".split()
+)
+
+_SKIP = re.compile(r"^((?i:readme\.md)|LICENSE.*|\..*)$")  # not license-engineer.md
+_WITHOUT = "the agent loads without it"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+_KEY_LINE = re.compile(r"^([A-Za-z_][\w-]*)[ \t]*:(?:[ \t]+(.*?))?[ \t]*$")
+_PATTERN_RE = re.compile(r"^([^()]+)\((.*)\)$")
+
+
+class DefinitionError(OrchError):
+    """A definition file that cannot be loaded; the message reads ``path:LINE: ...``."""
+
+    exit_code = 2
+
+    def __init__(self, path: Path | str, line: int, problem: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{self.path}:{line}: {problem}")
+
+
+class UnknownAgent(UsageError):
+    pass
+
+
+class UnknownSkill(UsageError):
+    pass
+
+
+class AgentDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    tools: list[str] | None = None  # None: every orch tool; else our tool names
+    disallowed_tools: list[str] = Field(default_factory=list)
+    model: str | None = None  # None: inherit
+    permission_mode: str | None = None
+    max_turns: int | None = None
+    skills: list[str] = Field(default_factory=list)
+    isolation: Isolation | None = None
+    background: bool = False
+    color: str | None = None
+    system_prompt: str = ""
+    source: str = ""  # file path, or "bundled:<name>"
+    warnings: list[str] = Field(default_factory=list)
+
+    def allowed_tools(self, all_tools: list[str]) -> list[str]:
+        """The tools of ``all_tools`` (in that order) this agent may use."""
+        chosen = all_tools if self.tools is None else [t for t in all_tools if t in self.tools]
+        return [t for t in chosen if t not in self.disallowed_tools]
+
+
+class SkillDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    body: str
+    source: str
+    warnings: list[str] = Field(default_factory=list)
+
+
+class ValidationReport(BaseModel):
+    path: str
+    ok: bool
+    kind: Literal["agent", "skill"]
+    name: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class _Parsed:
+    """Frontmatter data, the file line of each top-level key, the body, parse warnings."""
+
+    path: str
+    data: dict[str, Any]
+    key_lines: dict[str, int]
+    body: str
+    warnings: list[str]
+
+    def line(self, key: str) -> int:
+        return self.key_lines.get(key, 1)
+
+    def error(self, key: str, problem: str) -> DefinitionError:
+        return DefinitionError(self.path, self.line(key), problem)
+
+    def opt_str(self, key: str, example: str) -> str | None:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.error(key, f"{key!r} must be a string, not {value!r}; e.g. {example}")
+        return (value or "").strip() or None
+
+    def req_str(self, key: str, example: str) -> str:
+        if (value := self.opt_str(key, example)) is None:
+            raise self.error(key, f"missing {key!r}; add a line like {example}")
+        return value
+
+    def unsupported(self, known: frozenset[str]) -> None:
+        unknown = [k for k in self.data if k not in known]
+        self.warnings += [f"field {k!r} is not supported yet; ignored" for k in unknown]
+
+    def str_list(self, key: str, example: str) -> list[str] | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            what = f"a comma-separated string or a list of strings, not {type(value).__name__}"
+            raise self.error(key, f"{key!r} must be {what}; e.g. {example}")
+        return [v.strip().strip("\"'") for v in value if v.strip().strip("\"'")]
+
+    def check_name(self, name: str, kind: str) -> str:
+        if not _NAME_RE.match(name):
+            what = "letters, digits, '-', '_', '.' and ':'"
+            raise self.error("name", f"{kind} name {name!r} may hold only {what}")
+        return name
+
+
+def _split_frontmatter(text: str, path: str) -> tuple[list[str], int, str]:
+    """(frontmatter lines, file line number of the first of them, body)."""
+    lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    start = next((i for i, ln in enumerate(lines) if ln.strip()), len(lines))
+    if start == len(lines) or lines[start].rstrip() != "---":
+        fix = "start the file with '---', 'name: ...', 'description: ...', '---' lines"
+        raise DefinitionError(path, min(start + 1, len(lines)), f"no YAML frontmatter; {fix}")
+    for end in range(start + 1, len(lines)):
+        if lines[end].rstrip() == "---":
+            return lines[start + 1 : end], start + 2, "\n".join(lines[end + 1 :])
+    raise DefinitionError(path, start + 1, "the frontmatter is never closed; add a '---' line")
+
+
+def _plain_value_span(lines: list[str], idx: int) -> tuple[int, int] | None:
+    """The top-level ``key: plain value`` entry (with continuation lines) holding ``idx``."""
+    first = idx
+    while first > 0 and (not lines[first].strip() or lines[first][:1] in " \t"):
+        first -= 1
+    m = _KEY_LINE.match(lines[first])
+    if m is None or not m.group(2) or m.group(2)[0] in "\"'[{|>&*!%@`#":
+        return None
+    end = first + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t"):
+        end += 1
+    return first, end
+
+
+def _load_yaml(fm: list[str], first_line: int, path: str) -> tuple[Any, list[str]]:
+    """Parse frontmatter. A plain value YAML rejects (``description: a: b``, common in the
+    wild and accepted by Claude Code) is read as text, with a warning."""
+    work = list(fm)
+    warnings: list[str] = []
+    while True:
+        try:
+            return yaml.safe_load("\n".join(work)), warnings
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            # An error found at the very end (an unclosed quote or bracket) began earlier.
+            late = mark is not None and mark.line >= len(work) - 1
+            mark = (getattr(e, "context_mark", None) if late else None) or mark
+            idx = max(0, min(mark.line, len(work) - 1)) if mark is not None else 0
+            problem = getattr(e, "problem", None) or str(e)
+            span = _plain_value_span(work, idx) if mark is not None and work else None
+            if span is None:
+                fix = "fix the syntax, e.g. quote values that contain ': '"
+                bad = f"frontmatter is not valid YAML ({problem}); {fix}"
+                raise DefinitionError(path, first_line + idx, bad) from e
+            a, b = span
+            m = _KEY_LINE.match(work[a])
+            assert m is not None
+            text = " ".join(s.strip() for s in [m.group(2), *work[a + 1 : b]] if s.strip())
+            quoted = f"{m.group(1)}: {json.dumps(text, ensure_ascii=False)}"
+            work[a:b] = [quoted] + [""] * (b - a - 1)  # blank lines keep the numbering
+            warnings.append(
+                f"line {first_line + a}: the value of {m.group(1)!r} is not valid YAML "
+                f"({problem}); read as plain text (quote it to silence this warning)"
+            )
+
+
+def _parse(text: str, path: str) -> _Parsed:
+    fm, first_line, body = _split_frontmatter(text, path)
+    data, warnings = _load_yaml(fm, first_line, path)
+    if data is None:
+        raise DefinitionError(path, first_line - 1, "empty frontmatter; add name and description")
+    if not isinstance(data, dict):
+        bad = f"the frontmatter must be 'key: value' lines, not a {type(data).__name__}"
+        raise DefinitionError(path, first_line, bad)
+    lines: dict[str, int] = {}
+    for i, raw in enumerate(fm):
+        if m := _KEY_LINE.match(raw):
+            lines.setdefault(m.group(1), first_line + i)
+    return _Parsed(path, {str(k): v for k, v in data.items()}, lines, body.strip(), warnings)
+
+
+def map_tool_names(entries: Iterable[str], *, deny: bool = False) -> tuple[list[str], list[str]]:
+    """Claude Code / orch tool names -> (our names, deduplicated in order; warnings).
+    With ``deny`` (disallowedTools) a permission pattern denies the whole tool."""
+    out: list[str] = []
+    warnings: list[str] = []
+    for raw in entries:
+        base, pattern = raw, None
+        if m := _PATTERN_RE.match(raw):
+            base, pattern = m.group(1).strip(), m.group(2)
+        mapped = base if base in ORCH_TOOLS else CLAUDE_TOOL_MAP.get(base.lower())
+        if mapped is None:
+            why = UNSUPPORTED_TOOLS.get("mcp__" if base.startswith("mcp__") else base.lower())
+            note = f" ({why})" if why else ""
+            if not deny:
+                warnings.append(f"tool {raw!r} cannot be honoured by orch{note}; {_WITHOUT}")
+            elif why is None:
+                warnings.append(f"disallowedTools entry {raw!r} is not a known tool; ignored")
+            continue
+        if pattern is not None:
+            effect = f"all of {mapped} is denied" if deny else f"the agent gets all of {mapped}"
+            warnings.append(
+                f"{raw!r}: the permission pattern {pattern!r} is not enforced; {effect}"
+            )
+        if mapped not in out:
+            out.append(mapped)
+    return out, warnings
+
+
+def parse_agent(text: str, path: Path | str, source: str | None = None) -> AgentDefinition:
+    """Parse one agent file's text; raises :class:`DefinitionError`."""
+    p = _parse(text, str(path))
+    for key in list(p.data):
+        canon = _CAMEL.get(key.replace("-", "").replace("_", "").lower())
+        if canon is not None and canon not in p.data:
+            p.data[canon] = p.data.pop(key)
+            p.key_lines.setdefault(canon, p.line(key))
+    p.unsupported(AGENT_FIELDS)
+    warnings = p.warnings
+
+    name = p.check_name(p.req_str("name", "'name: my-agent'"), "agent")
+    description = p.req_str("description", "'description: what it does and when to use it'")
+    file = Path(path)
+    if file.suffix == ".md" and file.stem != name:
+        warnings.append(f"file name {file.name!r} differs from name {name!r}; using {name!r}")
+
+    tools: list[str] | None = None
+    raw_tools = p.str_list("tools", "'tools: Read, Grep, Glob'")
+    if raw_tools is not None and "*" not in raw_tools:
+        tools, more = map_tool_names(raw_tools)
+        warnings += more
+    raw_deny = p.str_list("disallowedTools", "'disallowedTools: Write, Bash'")
+    disallowed, more = map_tool_names(raw_deny or [], deny=True)
+    warnings += more
+
+    model = p.opt_str("model", "'model: sonnet'")
+    max_turns = p.data.get("maxTurns")
+    if max_turns is not None and (type(max_turns) is not int or max_turns < 1):
+        raise p.error("maxTurns", f"'maxTurns' must be a whole number >= 1, not {max_turns!r}")
+    isolation = p.opt_str("isolation", "'isolation: worktree'")
+    if isolation is not None and isolation not in ISOLATIONS:
+        one_of = ", ".join(ISOLATIONS)
+        raise p.error("isolation", f"'isolation' must be one of {one_of}, not {isolation!r}")
+    background = p.data.get("background")
+    if background is not None and not isinstance(background, bool):
+        raise p.error("background", f"'background' must be true or false, not {background!r}")
+    if not p.body:
+        warnings.append("the body is empty: the agent has no system prompt of its own")
+
+    return AgentDefinition(
+        name=name,
+        description=description,
+        tools=tools,
+        disallowed_tools=disallowed,
+        model=None if model == "inherit" else model,
+        permission_mode=p.opt_str("permissionMode", "'permissionMode: default'"),
+        max_turns=max_turns,
+        skills=p.str_list("skills", "'skills: git-hygiene, code-review-checklist'") or [],
+        isolation=cast(Isolation | None, isolation),
+        background=bool(background),
+        color=p.opt_str("color", "'color: blue'"),
+        system_prompt=p.body,
+        source=source or str(path),
+        warnings=warnings,
+    )
+
+
+def parse_skill(text: str, path: Path | str, source: str | None = None) -> SkillDefinition:
+    """Parse one SKILL.md's text (name defaults to its folder); raises DefinitionError."""
+    p = _parse(text, str(path))
+    p.unsupported(SKILL_FIELDS)
+    warnings = p.warnings
+    folder = Path(path).parent.name
+    name = p.check_name(p.opt_str("name", "'name: my-skill'") or folder, "skill")
+    if Path(path).name == "SKILL.md" and folder != name:
+        warnings.append(f"folder {folder!r} differs from name {name!r}; using {name!r}")
+    description = p.opt_str("description", "'description: what the skill is for'")
+    if description is None:
+        first = next((ln.strip("# \t") for ln in p.body.splitlines() if ln.strip("# \t")), "")
+        if not first:
+            raise p.error("description", "missing 'description'; add 'description: ...'")
+        description = first[:200]
+        warnings.append("no 'description'; using the body's first line (add a description)")
+    source = source or str(path)
+    return SkillDefinition(
+        name=name, description=description, body=p.body, source=source, warnings=warnings
+    )
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DefinitionError(path, 1, f"cannot read the file as UTF-8 text ({e})") from e
+
+
+def load_agent_file(path: Path, source: str | None = None) -> AgentDefinition:
+    return parse_agent(_read(path), path, source)
+
+
+def load_skill_file(path: Path, source: str | None = None) -> SkillDefinition:
+    return parse_skill(_read(path), path, source)
+
+
+@dataclass
+class Catalog:
+    """Every agent and skill found, by name, plus the files that failed to load."""
+
+    agents: dict[str, AgentDefinition] = field(default_factory=dict)
+    skills: dict[str, SkillDefinition] = field(default_factory=dict)
+    errors: list[DefinitionError] = field(default_factory=list)
+
+    def agent(self, name: str) -> AgentDefinition:
+        if (found := self.agents.get(name)) is None:
+            names = ", ".join(sorted(self.agents)) or "(none)"
+            msg = f"unknown agent {name!r}; available agents: {names} (see `orch agents list`)"
+            raise UnknownAgent(msg)
+        return found
+
+    def skill(self, name: str) -> SkillDefinition:
+        if (found := self.skills.get(name)) is None:
+            names = ", ".join(sorted(self.skills)) or "(none)"
+            msg = f"unknown skill {name!r}; available skills: {names} (see `orch skills list`)"
+            raise UnknownSkill(msg)
+        return found
+
+    def skill_catalog_text(self, names: list[str] | None = None) -> str:
+        """``- name: description`` lines for a system prompt; bodies come via ``skill()``."""
+        chosen = [self.skill(n) for n in names] if names is not None else self.skills.values()
+        return "\n".join(f"- {s.name}: {' '.join(s.description.split())}" for s in chosen)
+
+
+def bundled_dir(kind: Literal["agents", "skills"]) -> Path | None:
+    """``_bundled/<kind>`` inside an installed wheel, else ``<repo>/<kind>`` in a checkout."""
+    package = Path(__file__).resolve().parent
+    found = [d for d in (package / "_bundled" / kind, package.parent / kind) if d.is_dir()]
+    return found[0] if found else None
+
+
+def agent_files(directory: Path) -> list[Path]:
+    """``*.md`` directly in ``directory``, except README.md, LICENSE* and hidden files."""
+    return sorted(p for p in directory.glob("*.md") if p.is_file() and not _SKIP.match(p.name))
+
+
+def skill_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*/SKILL.md") if p.is_file())
+
+
+_D = TypeVar("_D", bound=AgentDefinition | SkillDefinition)
+
+
+def _load_dirs(
+    kind: Literal["agents", "skills"],
+    dirs: list[Path],
+    load: Callable[[Path, str | None], _D],
+    errors: list[DefinitionError],
+) -> dict[str, _D]:
+    """Load each directory in turn; a name already found in an earlier one is kept."""
+    found: dict[str, _D] = {}
+    seen: set[Path] = set()
+    bundled = bundled_dir(kind)
+    for directory in [*dirs, bundled] if bundled is not None else dirs:
+        if directory.resolve() in seen or not directory.is_dir():
+            continue
+        seen.add(directory.resolve())
+        here: dict[str, Path] = {}
+        for path in agent_files(directory) if kind == "agents" else skill_files(directory):
+            label = path.stem if kind == "agents" else path.parent.name
+            try:
+                d = load(path, f"bundled:{label}" if directory == bundled else None)
+            except DefinitionError as e:
+                errors.append(e)
+                continue
+            if d.name in here:
+                msg = f"name {d.name!r} is already used by {here[d.name]}; rename one of them"
+                errors.append(DefinitionError(path, 1, msg))
+                continue
+            here[d.name] = path
+            found.setdefault(d.name, d)
+    return found
+
+
+def load_catalog(
+    project_root: Path | None,
+    agents_dirs: Sequence[Path] = (),
+    home: Path | None = None,
+    *,
+    skills_dirs: Sequence[Path] = (),
+) -> Catalog:
+    """Agents from each of ``agents_dirs``, ``<project>/.orch/agents``, ``.claude/agents``,
+    ``~/.orch/agents``, bundled; skills likewise. On a name clash the earlier one wins."""
+    for d in [*agents_dirs, *skills_dirs]:
+        if not d.is_dir():
+            raise UsageError(f"directory {d} does not exist; check the --agents-dir path")
+    home = home if home is not None else Path.home()
+
+    def search(kind: str, extra: Sequence[Path]) -> list[Path]:
+        roots = [project_root / ".orch", project_root / ".claude"] if project_root else []
+        return [*extra, *(r / kind for r in roots), home / ".orch" / kind]
+
+    cat = Catalog()
+    cat.agents = _load_dirs("agents", search("agents", agents_dirs), load_agent_file, cat.errors)
+    cat.skills = _load_dirs("skills", search("skills", skills_dirs), load_skill_file, cat.errors)
+    return cat
+
+
+def validate_files(paths: list[Path]) -> list[ValidationReport]:
+    """Check agent files, SKILL.md files or directories of them (``orch agents validate``)."""
+    files: list[Path] = []
+    for path in paths:
+        found = agent_files(path) + skill_files(path) if path.is_dir() else []
+        files += found or [path]
+    reports: list[ValidationReport] = []
+    for path in files:
+        kind: Literal["agent", "skill"] = "skill" if path.name == "SKILL.md" else "agent"
+        report = ValidationReport(path=str(path), ok=False, kind=kind)
+        if not path.is_file():
+            report.error = f"{path}:1: no such file, or a directory with no definitions in it"
+        else:
+            try:
+                d: AgentDefinition | SkillDefinition = (
+                    load_skill_file(path) if kind == "skill" else load_agent_file(path)
+                )
+                report.ok, report.name, report.warnings = True, d.name, d.warnings
+            except DefinitionError as e:
+                report.error = str(e)
+        reports.append(report)
+    return reports

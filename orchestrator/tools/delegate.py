@@ -1,0 +1,93 @@
+"""The delegation tools: task, task_output, task_stop. Thin: the work is in ``delegation.py``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator
+
+from .base import Tool, ToolInput, ToolOutput
+
+if TYPE_CHECKING:
+    from ..agent import RunContext
+
+
+class TaskInput(ToolInput):
+    description: str = Field(default="", max_length=200, description="A short (3-5 word) label.")
+    prompt: str = Field(
+        min_length=1,
+        description=(
+            "The complete task for the child agent. It must be self-contained: the child sees "
+            "nothing of this conversation, only this text. Include paths, the goal, constraints "
+            "and the form of the answer you want back."
+        ),
+    )
+    subagent_type: str | None = Field(default=None, description="Agent definition to use.")
+    model: str | None = Field(default=None, description="Model alias or id (default: inherit).")
+    isolation: Literal["shared", "worktree", "container"] | None = Field(
+        default=None, description="shared (default), worktree (own git branch) or container."
+    )
+    run_in_background: bool = Field(
+        default=False,
+        description="Return at once with a task_id; you are notified when it finishes, "
+        "and can collect it with task_output.",
+    )
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("prompt must not be blank")
+        return v
+
+
+class TaskTool(Tool):
+    name = "task"
+    description = (
+        "Delegate a self-contained task to a child agent with a fresh context. The child "
+        "sees ONLY the prompt you write (none of this conversation), works with its own "
+        "tools, and returns its final text as this tool's result, with a status line. "
+        "Several task calls in one response run in parallel. A child that runs long is "
+        "moved to the background: you then get a task_id and a notification when it ends."
+    )
+    input_model = TaskInput
+
+    async def run(self, ctx: RunContext, args: TaskInput) -> ToolOutput:
+        return await ctx.delegator.task(ctx, args)
+
+
+class TaskOutputInput(ToolInput):
+    task_id: str = Field(min_length=1, description="The task_id a background task returned.")
+    block: bool = Field(default=True, description="Wait for the task to finish.")
+    timeout_s: float | None = Field(default=None, gt=0, description="Longest wait, in seconds.")
+
+
+class TaskOutputTool(Tool):
+    name = "task_output"
+    description = (
+        "Get a background task's result. With block (default) waits for it to finish and "
+        "returns its result; without, returns its progress record (status, tool uses, last "
+        "activity, running summary)."
+    )
+    input_model = TaskOutputInput
+    read_only = True
+
+    async def run(self, ctx: RunContext, args: TaskOutputInput) -> ToolOutput:
+        return await ctx.delegator.task_output(ctx, args.task_id, args.block, args.timeout_s)
+
+
+class TaskStopInput(ToolInput):
+    task_id: str = Field(min_length=1, description="The task to cancel (with its descendants).")
+
+
+class TaskStopTool(Tool):
+    name = "task_stop"
+    description = "Cancel a background task and every task it started."
+    input_model = TaskStopInput
+
+    async def run(self, ctx: RunContext, args: TaskStopInput) -> ToolOutput:
+        return await ctx.delegator.task_stop(ctx, args.task_id)
+
+
+def delegation_tools() -> list[Tool]:
+    return [TaskTool(), TaskOutputTool(), TaskStopTool()]
