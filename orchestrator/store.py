@@ -168,13 +168,13 @@ class Store:
             self._save(db, record)
             return record
 
-    def note_activity(self, run_id: str, tool: str, summary: str, **fields: Any) -> None:
+    def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
         """Progress write for one tool call: last/recent activity plus counters."""
         with self._tx() as db:
             record = self._load(db, run_id)
             if record is None:
                 return
-            act = Activity(tool=tool, summary=summary[:200], at=now())
+            act = Activity(tool=tool, summary=activity[:200], at=now())
             record.last_activity = act
             record.recent_activities = [*record.recent_activities, act][-RECENT_ACTIVITIES:]
             for key, value in fields.items():
@@ -254,8 +254,7 @@ class Store:
             return
         with self._tx() as db:
             db.execute(
-                "UPDATE runs SET cancel_requested = 1"
-                f" WHERE run_id IN ({_marks(run_ids)})",
+                f"UPDATE runs SET cancel_requested = 1 WHERE run_id IN ({_marks(run_ids)})",
                 run_ids,
             )
 
@@ -263,8 +262,7 @@ class Store:
         if not run_ids:
             return set()
         rows = self._conn().execute(
-            "SELECT run_id FROM runs WHERE cancel_requested = 1"
-            f" AND run_id IN ({_marks(run_ids)})",
+            f"SELECT run_id FROM runs WHERE cancel_requested = 1 AND run_id IN ({_marks(run_ids)})",
             run_ids,
         )
         return {r[0] for r in rows}

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.tree import Tree
 
+from ..background import reconcile
 from ..config import Settings, load_settings
 from ..errors import NotFound, OrchError, UsageError
 from ..paths import project_root
@@ -72,9 +73,9 @@ def open_project(workdir: Path | None = None, **overrides: Any) -> Project:
         raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
     root = project_root(wd)
     settings = load_settings(root, **overrides)
-    return Project(
-        root=root, workdir=wd.resolve(), settings=settings, store=Store.for_project(root)
-    )
+    store = Store.for_project(root)
+    reconcile(store)  # every command first settles runs whose owner is gone
+    return Project(root=root, workdir=wd.resolve(), settings=settings, store=store)
 
 
 def find_run(store: Store, ref: str) -> RunRecord:

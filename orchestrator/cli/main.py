@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ..background import process_start, reconcile, spawn_worker
 from ..definitions import load_catalog
 from ..delegation import Delegator
 from ..errors import UsageError
@@ -41,13 +44,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _register_subapps() -> None:
-    try:
-        from .catalog import agents_app, skills_app
-    except ImportError:  # TEMP while being written
-        pass
-    else:
-        app.add_typer(agents_app, name="agents", help="Agent definitions: list, show, validate.")
-        app.add_typer(skills_app, name="skills", help="Skills: list, show.")
+    from .catalog import agents_app, skills_app
+    from .runs import register
+
+    register(app)
+    app.add_typer(agents_app, name="agents", help="Agent definitions: list, show, validate.")
+    app.add_typer(skills_app, name="skills", help="Skills: list, show.")
     try:
         from .worktrees import worktrees_app
     except ImportError:  # pragma: no cover - tier not built in this checkout
@@ -83,6 +85,44 @@ def run_tree(
             )
 
     return asyncio.run(go())
+
+
+def start_background(
+    project: Project,
+    prompt: str,
+    *,
+    provider: ModelProvider,
+    agent: str,
+    isolation: str | None,
+    agents_dirs: list[Path],
+    max_turns: int | None,
+    timeout: float | None,
+    overrides: dict[str, object],
+    model_spec: str | None,
+) -> RunRecord:
+    """Store the root run as queued and hand it to a detached worker process."""
+    catalog = load_catalog(project.root, agents_dirs=agents_dirs)
+    delegator = Delegator(
+        settings=project.settings, store=project.store, catalog=catalog, models=provider
+    )
+    if model_spec and model_spec.startswith("scripted:"):
+        model_spec = "scripted:" + str(Path(model_spec.removeprefix("scripted:")).resolve())
+    record = delegator.prepare_root(
+        prompt,
+        agent=agent,
+        isolation=isolation,
+        workdir=project.workdir,
+        max_turns=max_turns,
+        timeout_seconds=timeout,
+        background=True,
+        options={
+            "model_spec": model_spec,
+            "agents_dirs": [str(p.resolve()) for p in agents_dirs],
+            "overrides": {k: v for k, v in overrides.items() if v is not None},
+        },
+    )
+    pid = spawn_worker(project.root, record.run_id)
+    return project.store.update_run(record.run_id, pid=pid, pid_start=process_start(pid))
 
 
 def report(
@@ -136,13 +176,28 @@ def task(
         raise UsageError("the prompt is empty; say what the agent should do")
     if isolation is not None and isolation not in ("shared", "worktree", "container"):
         raise UsageError(f"unknown isolation {isolation!r}; choose shared, worktree or container")
-    if background:
-        raise UsageError(
-            "--background is not available yet in this version of orch; run in the foreground"
-        )
     project = open_project(workdir, max_depth=max_depth, model=model)
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
+    if background:
+        record = start_background(
+            project,
+            prompt,
+            provider=provider,
+            agent=agent,
+            isolation=isolation,
+            agents_dirs=agents_dir or [],
+            max_turns=max_turns,
+            timeout=timeout,
+            overrides={"max_depth": max_depth, "model": model},
+            model_spec=model,
+        )
+        if as_json:
+            print_json({"run_id": record.run_id, "chain_id": record.chain_id, "status": "running"})
+        else:
+            out.print(record.run_id)
+            err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")
+        return
     record = run_tree(
         project,
         prompt,
@@ -212,12 +267,20 @@ def demo(
 @handles_errors
 def result(
     run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Block until the run has ended.")] = False,
     workdir: WorkdirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """A run's result: status, final text, usage, evidence, artifacts."""
     project = open_project(workdir)
     record = find_run(project.store, run_id)
+    ticks = 0
+    while wait and not record.status.ended:
+        time.sleep(0.2)
+        ticks += 1
+        if ticks % 5 == 0:
+            reconcile(project.store)
+        record = project.store.require_run(record.run_id)
     res: RunResult = record.result()
     full = project.store.output(record.run_id)
     if full is not None:
@@ -236,19 +299,37 @@ def result(
 @handles_errors
 def logs(
     run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
     workdir: WorkdirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """A run's event stream (run_started, tool_call, tool_result, child_spawned, ...)."""
     project = open_project(workdir)
-    record = find_run(project.store, run_id)
-    events = project.store.events(record.run_id)
-    if as_json:
-        print_json(events)
+    store = project.store
+    record = find_run(store, run_id)
+    if as_json and not follow:
+        print_json(store.events(record.run_id))
         return
-    for e in events:
-        data = json.dumps(e["data"], default=str)
-        out.print(f"[dim]{e['id']:>5}[/] [bold]{e['kind']:<14}[/] {data[:300]}", markup=True)
+    last = 0
+    ticks = 0
+    while True:
+        for e in store.events(record.run_id, after_id=last):
+            last = e["id"]
+            if as_json:  # one JSON object a line while following
+                sys.stdout.write(json.dumps(e, default=str) + "\n")
+                sys.stdout.flush()
+            else:
+                data = json.dumps(e["data"], default=str)
+                out.print(f"[dim]{e['id']:>5}[/] [bold]{e['kind']:<14}[/] ", end="")
+                out.print(data[:300], markup=False)
+        if not follow or store.require_run(record.run_id).status.ended:
+            if not store.events(record.run_id, after_id=last):
+                return
+            continue
+        time.sleep(0.2)
+        ticks += 1
+        if ticks % 5 == 0:
+            reconcile(store)
 
 
 @app.command()

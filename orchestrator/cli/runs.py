@@ -1,0 +1,215 @@
+"""Watching and steering runs from any terminal: ps, watch, cancel, and the detached worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from ..background import owner_alive, reap, reconcile
+from ..definitions import load_catalog
+from ..delegation import Delegator
+from ..models import ModelProvider
+from ..run import EXIT_CODES, RunRecord, RunStatus, now
+from ..store import Store
+from .common import STATUS_STYLE, age, find_run, handles_errors, open_project, out, print_json
+
+PS_KEYS = [
+    "run_id",
+    "parent_run_id",
+    "chain_id",
+    "depth",
+    "agent",
+    "status",
+    "isolation",
+    "tool_uses",
+    "input_tokens",
+    "output_tokens",
+    "last_activity",
+    "recent_activities",
+    "summary",
+    "pid",
+    "started_at",
+    "updated_at",
+]
+RECENT_S = 3600.0
+
+
+def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
+    usage = raw.get("usage") or {}
+    return {
+        **{k: raw.get(k) for k in PS_KEYS if k in raw},
+        "tool_uses": usage.get("tool_uses", 0),
+        "input_tokens": usage.get("input_tokens", 0),
+        "output_tokens": usage.get("output_tokens", 0),
+        "last_activity": raw.get("last_activity"),
+        "recent_activities": raw.get("recent_activities") or [],
+        "summary": (raw.get("summary") or "")[:500],
+    }
+
+
+def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows grouped by chain, each child right under its parent (depth-first)."""
+    ids = {r["run_id"] for r in rows}
+    kids: dict[str | None, list[dict[str, Any]]] = {}
+    for r in rows:
+        parent = r.get("parent_run_id")
+        kids.setdefault(parent if parent in ids else None, []).append(r)
+    ordered: list[dict[str, Any]] = []
+
+    def walk(parent: str | None) -> None:
+        for r in kids.get(parent, []):
+            ordered.append(r)
+            walk(r["run_id"])
+
+    walk(None)
+    return ordered
+
+
+def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
+    table = Table(title=title or None, expand=False, pad_edge=False)
+    table.add_column("run", no_wrap=True, min_width=14)
+    for col in ("agent", "status", "isolation", "tools", "tokens", "last activity", "age"):
+        table.add_column(col, overflow="fold" if col == "last activity" else "ellipsis")
+    for r in rows:
+        status = RunStatus(r["status"])
+        act = r.get("last_activity") or {}
+        table.add_row(
+            r["run_id"],
+            "  " * int(r.get("depth", 0)) + str(r.get("agent", "")),
+            f"[{STATUS_STYLE.get(status, '')}]{status.value}[/]",
+            str(r.get("isolation", "")),
+            str(r["tool_uses"]),
+            f"{r['input_tokens'] + r['output_tokens']:,}",
+            str(act.get("summary", ""))[:60],
+            age(r.get("started_at") or r.get("created_at")),
+        )
+    return table
+
+
+def ps(
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Every run.")] = False,
+    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Runs as a table: running ones and those that ended in the last hour."""
+    project = open_project(workdir)
+    raw = project.store.list_raw(since=None if show_all else now() - RECENT_S)
+    rows = tree_order([ps_row(r) for r in raw])
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("no runs" + ("" if show_all else " in the last hour (try --all)"))
+        return
+    out.print(ps_table(rows))
+
+
+def watch(
+    run_id: Annotated[str | None, typer.Argument(help="A run (default: all running).")] = None,
+    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    interval: Annotated[float, typer.Option(help="Refresh every S seconds.")] = 0.5,
+) -> None:
+    """A live view of a run and its children until they end; exits with the run's code."""
+    project = open_project(workdir)
+    store = project.store
+    root = find_run(store, run_id) if run_id else None
+
+    def snapshot() -> list[dict[str, Any]]:
+        if root is not None:
+            raw = [r for r in store.list_raw() if r["chain_id"] == root.chain_id]
+        else:
+            raw = store.list_raw(since=now() - 5)
+        return tree_order([ps_row(r) for r in raw])
+
+    def busy(rows: list[dict[str, Any]]) -> bool:
+        return any(not RunStatus(r["status"]).ended for r in rows)
+
+    with Live(ps_table(snapshot()), console=out, refresh_per_second=4) as live:
+        while True:
+            rows = snapshot()
+            live.update(ps_table(rows, title=f"orch watch · {time.strftime('%H:%M:%S')}"))
+            if not busy(rows):
+                break
+            time.sleep(interval)
+            reconcile(store)
+    if root is not None:
+        final = store.require_run(root.run_id)
+        raise typer.Exit(EXIT_CODES.get(final.status, 1))
+
+
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="The run to cancel, with all its descendants.")],
+    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the owner to stop them.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Cancel a run and every descendant; returns once they have all stopped."""
+    project = open_project(workdir)
+    store = project.store
+    rec = find_run(store, run_id)
+    tree = [rec, *store.descendants(rec.run_id)]
+    live = [r for r in tree if not r.status.ended]
+    store.request_cancel([r.run_id for r in live])
+    deadline = time.monotonic() + wait
+    while live and time.monotonic() < deadline:
+        live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
+        for r in list(live):
+            if not owner_alive(r):  # nobody left to obey the request: do it here
+                _force_cancel(store, r, "owner gone")
+        live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
+        if live:
+            time.sleep(0.1)
+    for r in live:  # the owner did not answer in time
+        _force_cancel(store, r, f"owner did not stop it within {wait:g}s")
+    final = [store.require_run(r.run_id) for r in tree]
+    if as_json:
+        print_json([{"run_id": r.run_id, "status": r.status.value} for r in final])
+        return
+    for r in final:
+        out.print(f"{r.run_id} {r.agent} [{STATUS_STYLE.get(r.status, '')}]{r.status.value}[/]")
+
+
+def _force_cancel(store: Store, record: RunRecord, why: str) -> None:
+    actions = reap(store, record.run_id)
+    error = f"cancelled ({why})" + (": " + "; ".join(actions) if actions else "")
+    store.update_run(record.run_id, status=RunStatus.CANCELLED, error=error, ended_at=now())
+    store.add_event(record.run_id, "run_finished", {"status": "cancelled", "error": error})
+
+
+def worker(
+    run_id: Annotated[str, typer.Argument()],
+    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+) -> None:
+    """(internal) Run a queued run detached from any terminal."""
+    project = open_project(workdir)
+    store = project.store
+    record = store.require_run(run_id)
+    if record.status != RunStatus.QUEUED:
+        return
+    opts = record.options
+    from ..config import load_settings
+
+    settings = load_settings(project.root, **opts.get("overrides", {}))
+    provider = ModelProvider(settings, opts.get("model_spec"))
+    catalog = load_catalog(project.root, agents_dirs=[Path(p) for p in opts.get("agents_dirs", [])])
+    delegator = Delegator(settings=settings, store=store, catalog=catalog, models=provider)
+
+    async def go() -> RunRecord:
+        async with provider:
+            return await delegator.run_record(record)
+
+    done = asyncio.run(go())
+    raise typer.Exit(EXIT_CODES.get(done.status, 1))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(handles_errors(ps))
+    app.command()(handles_errors(watch))
+    app.command()(handles_errors(cancel))
+    app.command("_worker", hidden=True)(handles_errors(worker))

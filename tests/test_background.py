@@ -1,0 +1,395 @@
+"""Background agents: in-process background children, and detached runs driven from the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.run import RunStatus
+from orchestrator.store import Store
+from tests.support import alive, harness, task_call, tool_results
+
+
+def test_background_child_runs_while_parent_works_then_is_collected(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("slow research", run_in_background=True)]},
+                    {
+                        "expect_result": '"status": "running"',
+                        "tool_calls": [
+                            {"tool": "bash", "input": {"command": "echo parent-still-working"}}
+                        ],
+                    },
+                    {
+                        "expect_result": "parent-still-working",
+                        "tool_calls": [{"tool": "task_output", "input": {"task_id": "TASK_ID"}}],
+                    },
+                    {"expect_result": "BACKGROUND-RESULT", "text": "collected"},
+                ],
+            },
+            {"depth": 1, "latency_s": 0.8, "turns": [{"text": "BACKGROUND-RESULT"}]},
+        ]
+    }
+    h = harness(project, script)
+    # the task id is only known at run time: patch it into the script when the child exists
+    original = h.model.complete
+
+    async def complete(request: Any) -> Any:
+        kids = h.store.children(request.run_id) if request.depth == 0 else []
+        if kids:
+            for turn in h.model.script.conversations[0].turns:
+                for call in turn.tool_calls:
+                    if call.input.get("task_id") == "TASK_ID":
+                        call.input["task_id"] = kids[0].run_id
+        return await original(request)
+
+    h.model.complete = complete  # type: ignore[method-assign]
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = h.store.children(root.run_id)[0]
+    assert child.background and child.status == RunStatus.SUCCEEDED
+    parent_reqs = h.requests_of(root.run_id)
+    first = json.loads(tool_results(parent_reqs[1])[0]["content"])
+    assert first["task_id"] == child.run_id and first["status"] == "running"
+    # the parent's second request went out before the child had finished
+    assert child.ended_at is not None
+    bash_done = [e for e in h.store.events(root.run_id) if e["kind"] == "tool_result"][0]["at"]
+    assert bash_done < child.ended_at
+
+
+def test_auto_background_moves_a_slow_child_and_parent_waits_for_it(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("slow one")]},
+                    {"expect_result": '"backgrounded": true', "text": "I'll wait for it"},
+                    {"expect_result": "task-notification", "text": "got the notification"},
+                ],
+            },
+            {"depth": 1, "turns": [{"text": "SLOW-CHILD-DONE", "latency_s": 1.5}]},
+        ]
+    }
+    h = harness(project, script, auto_background_after=0.5)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert root.output == "got the notification"
+    child = h.store.children(root.run_id)[0]
+    assert child.status == RunStatus.SUCCEEDED and child.background
+    assert len(h.requests_of(child.run_id)) == 1  # not restarted, not interrupted
+    kinds = [e["kind"] for e in h.store.events(child.run_id)]
+    assert kinds.count("run_started") == 1 and "auto_backgrounded" in kinds
+    last = h.requests_of(root.run_id)[-1]
+    note = json.dumps(last.messages[-1])
+    assert child.run_id in note and "SLOW-CHILD-DONE" in note and "succeeded" in note
+    assert root.ended_at is not None and child.ended_at is not None
+    assert root.ended_at >= child.ended_at  # the parent did not end before its child
+
+
+def test_task_stop_cancels_child_and_descendants(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("long", run_in_background=True)]},
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "sleep 0.5"}}]},
+                    {"tool_calls": [{"tool": "task_stop", "input": {"task_id": "TASK_ID"}}]},
+                    {"expect_result": "cancelled", "text": "stopped"},
+                ],
+            },
+            {"depth": 1, "turns": [{"tool_calls": [task_call("deeper")]}, {"text": "never"}]},
+            {
+                "depth": 2,
+                "turns": [
+                    {
+                        "tool_calls": [
+                            {"tool": "bash", "input": {"command": "echo $$ > gc.pid; sleep 60"}}
+                        ]
+                    },
+                    {"text": "never"},
+                ],
+            },
+        ]
+    }
+    h = harness(project, script)
+    original = h.model.complete
+
+    async def complete(request: Any) -> Any:
+        if request.depth == 0:
+            kids = h.store.children(request.run_id)
+            for turn in h.model.script.conversations[0].turns:
+                for call in turn.tool_calls:
+                    if kids and call.input.get("task_id") == "TASK_ID":
+                        call.input["task_id"] = kids[0].run_id
+        return await original(request)
+
+    h.model.complete = complete  # type: ignore[method-assign]
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    statuses = {r.depth: r.status for r in h.runs(root.chain_id)}
+    assert statuses == {0: RunStatus.SUCCEEDED, 1: RunStatus.CANCELLED, 2: RunStatus.CANCELLED}
+    assert not alive(int((project / "gc.pid").read_text()))
+
+
+def test_stalled_background_run_times_out_with_partial_output(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("stuck", run_in_background=True)]},
+                    {"text": "waiting"},
+                    {"expect_result": "timed_out", "text": "it stalled"},
+                ],
+            },
+            {
+                "depth": 1,
+                "turns": [
+                    {
+                        "text": "PARTIAL-BEFORE-STALL",
+                        "tool_calls": [{"tool": "bash", "input": {"command": "sleep 30"}}],
+                    },
+                    {"text": "never"},
+                ],
+            },
+        ]
+    }
+    h = harness(project, script, stall_timeout=0.6)
+    root = h.run()
+    child = h.store.children(root.run_id)[0]
+    assert child.status == RunStatus.TIMED_OUT
+    assert child.error == "stalled: no progress for 0.6s"
+    assert child.output == "PARTIAL-BEFORE-STALL"
+
+
+# -- across processes ---------------------------------------------------------------
+def orch(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _script(where: Path, data: dict[str, Any]) -> Path:
+    path = where.parent / "bg-script.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _wait_for(pred: Any, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_detached_run_progress_is_visible_from_another_process(project: Path) -> None:
+    steps = [
+        {"tool_calls": [{"tool": "bash", "input": {"command": f"sleep 0.4; echo {i}"}}]}
+        for i in range(5)
+    ]
+    script = _script(project, {"conversations": [{"turns": [*steps, {"text": "BG-FINAL"}]}]})
+    t0 = time.monotonic()
+    r = orch(
+        "task",
+        "work in the background",
+        "--background",
+        "--json",
+        "--model",
+        f"scripted:{script}",
+        cwd=project,
+    )
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 5  # returns at once (interpreter start-up included)
+    run_id = json.loads(r.stdout)["run_id"]
+    seen: list[int] = []
+    statuses: list[str] = []
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        rows = json.loads(orch("ps", "--json", cwd=project).stdout)
+        row = next(x for x in rows if x["run_id"] == run_id)
+        seen.append(row["tool_uses"])
+        statuses.append(row["status"])
+        if row["status"] == "succeeded":
+            break
+        time.sleep(0.2)
+    assert statuses[-1] == "succeeded" and "running" in statuses
+    assert seen == sorted(seen) and len(set(seen)) >= 3  # tool_uses rose while we watched
+    assert set(rows[0]) >= {
+        "run_id",
+        "parent_run_id",
+        "chain_id",
+        "depth",
+        "agent",
+        "status",
+        "isolation",
+        "tool_uses",
+        "input_tokens",
+        "output_tokens",
+        "last_activity",
+        "recent_activities",
+        "summary",
+        "pid",
+        "started_at",
+        "updated_at",
+    }
+    res = orch("result", run_id, "--wait", "--json", cwd=project)
+    assert res.returncode == 0 and json.loads(res.stdout)["summary"] == "BG-FINAL"
+
+
+def test_cancel_from_another_terminal_leaves_no_process(project: Path) -> None:
+    script = _script(
+        project,
+        {
+            "conversations": [
+                {
+                    "depth": 0,
+                    "turns": [
+                        {"tool_calls": [task_call("bg sleeper", run_in_background=True)]},
+                        {
+                            "tool_calls": [
+                                {
+                                    "tool": "bash",
+                                    "input": {"command": "echo $$ > root.pid; sleep 60"},
+                                }
+                            ]
+                        },
+                        {"text": "never"},
+                    ],
+                },
+                {
+                    "depth": 1,
+                    "turns": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "tool": "bash",
+                                    "input": {"command": "echo $$ > child.pid; sleep 60"},
+                                }
+                            ]
+                        },
+                        {"text": "never"},
+                    ],
+                },
+            ]
+        },
+    )
+    r = orch("task", "x", "--background", "--json", "--model", f"scripted:{script}", cwd=project)
+    run_id = json.loads(r.stdout)["run_id"]
+    pids = [project / "root.pid", project / "child.pid"]
+    _wait_for(lambda: all(p.exists() and p.read_text().strip() for p in pids))
+    c = orch("cancel", run_id, "--json", cwd=project)
+    assert c.returncode == 0, c.stderr
+    assert {x["status"] for x in json.loads(c.stdout)} == {"cancelled"}
+    for p in pids:
+        assert not alive(int(p.read_text()))
+    runs = Store.for_project(project).list_runs()
+    assert len(runs) == 2 and {x.status for x in runs} == {RunStatus.CANCELLED}
+    worker_pid = runs[0].pid
+    assert worker_pid is not None
+    _wait_for(lambda: not alive(worker_pid), 10)
+
+
+def test_sigkill_of_worker_shows_interrupted_and_reaps(project: Path) -> None:
+    script = _script(
+        project,
+        {
+            "conversations": [
+                {
+                    "turns": [
+                        {
+                            "text": "PARTIAL-WORK",
+                            "tool_calls": [
+                                {"tool": "bash", "input": {"command": "echo $$ > w.pid; sleep 60"}}
+                            ],
+                        },
+                        {"text": "never"},
+                    ]
+                }
+            ]
+        },
+    )
+    r = orch("task", "x", "--background", "--json", "--model", f"scripted:{script}", cwd=project)
+    run_id = json.loads(r.stdout)["run_id"]
+    pidfile = project / "w.pid"
+    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    worker = Store.for_project(project).require_run(run_id).pid
+    assert worker is not None
+    os.kill(worker, signal.SIGKILL)
+    _wait_for(lambda: not alive(worker), 10)
+    rows = json.loads(orch("ps", "--json", cwd=project).stdout)
+    row = next(x for x in rows if x["run_id"] == run_id)
+    assert row["status"] == "interrupted"
+    assert "PARTIAL-WORK" in row["summary"]
+    assert not alive(int(pidfile.read_text()))  # its process group was reaped
+    rec = Store.for_project(project).require_run(run_id)
+    assert rec.error is not None and "killed process group" in rec.error
+
+
+def _hammer(db: str, run_id: str, seconds: float, out: Any) -> None:
+    store = Store(Path(db))
+    n = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            n += 1
+            store.note_activity(run_id, "bash", f"update {n}", summary=f"n={n}")
+            store.add_event(run_id, "tick", {"n": n})
+        out.put((run_id, n, None))
+    except Exception as e:  # reported to the parent, which fails the test
+        out.put((run_id, n, repr(e)))
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_store_under_load_loses_nothing(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from orchestrator.run import RunRecord
+
+    store = Store.for_project(tmp_path)
+    ids = [f"r-load{i:02d}" for i in range(20)]
+    for rid in ids:
+        store.create_run(RunRecord(run_id=rid, chain_id="c-load"))
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    seconds = float(os.environ.get("ORCH_LOAD_SECONDS", "20"))
+    procs = [
+        ctx.Process(target=_hammer, args=(str(store.path), rid, seconds, results)) for rid in ids
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=seconds + 60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    errors = [e for _, _, e in got if e]
+    assert errors == []
+    for rid, n, _ in got:
+        rec = store.require_run(rid)
+        assert rec.summary == f"n={n}" and rec.last_activity is not None
+        assert rec.last_activity.summary == f"update {n}"
+        assert len(store.events(rid)) == n
+    assert sum(n for _, n, _ in got) > 1000
