@@ -234,6 +234,66 @@ class Delegator:
     async def run_root(self, prompt: str, *, workdir: Path, **kwargs: Any) -> RunRecord:
         return await self.run_record(self.prepare_root(prompt, workdir=workdir, **kwargs))
 
+    async def run_child(
+        self,
+        parent: RunRecord,
+        *,
+        agent: str,
+        prompt: str,
+        description: str = "",
+        isolation: str | None = None,
+        base: Path,
+        workspace_options: dict[str, Any] | None = None,
+    ) -> RunRecord:
+        """A child run started by orchestration code (e.g. a team) rather than a model's `task`.
+
+        Same record, same limits, same lifecycle as a `task` child: it shares the
+        parent's chain, has ``depth + 1`` and never more tools than the parent.
+        """
+        definition = self.catalog.agent(agent)
+        requested = definition.allowed_tools(self.tools.names())
+        parent_policy = Policy.for_run(
+            self.settings, parent.allowed_tools, parent.depth, parent.max_depth
+        )
+        record = self.new_record(
+            prompt=prompt,
+            definition=definition,
+            chain=QueryChain(parent.chain_id, parent.depth).child(),
+            parent=parent,
+            allowed_tools=sorted(parent_policy.child_tools(requested), key=requested.index),
+            isolation=isolation or definition.isolation or "shared",
+            model_name=self.models.resolve(definition.model or parent.model or None),
+            description=description,
+            max_depth=parent.max_depth,
+            options={"workspace": workspace_options or {}},
+        )
+        self.store.add_event(
+            parent.run_id,
+            "child_spawned",
+            {
+                "parent_run_id": parent.run_id,
+                "child_run_id": record.run_id,
+                "agent": definition.name,
+                "isolation": record.isolation,
+                "description": description,
+            },
+        )
+        job = asyncio.create_task(
+            self.execute(
+                record,
+                definition,
+                base=base,
+                max_turns=definition.max_turns or self.settings.max_turns,
+                timeout_seconds=self.settings.timeout_seconds,
+            ),
+            name=f"orch-run-{record.run_id}",
+        )
+        self.jobs[record.run_id] = job
+        try:
+            return await job
+        finally:
+            self.jobs.pop(record.run_id, None)
+
     @contextlib.asynccontextmanager
     async def supervised(self) -> AsyncIterator[None]:
         supervisor = Supervisor(self.store, lambda: self.jobs)
@@ -485,7 +545,10 @@ class Delegator:
             description=record.description,
             base=base,
             sink=store,
-            options={"include": self.settings.worktree_include},
+            options={
+                "include": self.settings.worktree_include,
+                **record.options.get("workspace", {}),
+            },
         )
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
         ctx: RunContext | None = None

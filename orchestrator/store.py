@@ -43,6 +43,7 @@ CREATE INDEX IF NOT EXISTS runs_chain ON runs(chain_id);
 CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id);
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_created ON runs(created_at);
+CREATE INDEX IF NOT EXISTS runs_updated ON runs(updated_at);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL,

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from ..config import load_settings
-from ..definitions import Catalog, load_catalog, validate_files
 from ..paths import project_root
 from .common import err, handles_errors, out, print_json
+
+if TYPE_CHECKING:
+    from ..definitions import Catalog
 
 agents_app = typer.Typer(
     help="Agent definitions: list, show, validate.", no_args_is_help=True, add_completion=False
@@ -38,6 +40,8 @@ def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = N
     root = project_root(workdir)
     settings = load_settings(root)
     configured = [root / Path(d).expanduser() for d in settings.agents_dirs]
+    from ..definitions import load_catalog
+
     return load_catalog(root, agents_dirs=[*(agents_dirs or []), *configured])
 
 
@@ -138,6 +142,8 @@ def agents_validate(
     json_out: JsonOpt = False,
 ) -> None:
     """Check definition files; exit 1 if any fails to load."""
+    from ..definitions import validate_files
+
     reports = validate_files(paths)
     failed = [r for r in reports if not r.ok]
     if json_out:

@@ -7,15 +7,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..background import process_start, reconcile, spawn_worker
-from ..definitions import load_catalog
-from ..delegation import Delegator
 from ..errors import UsageError
-from ..models import ModelProvider, ScriptedModel
 from ..run import RunRecord, RunResult, RunStatus
 from .common import (
     Project,
@@ -28,6 +25,9 @@ from .common import (
     print_json,
     run_label,
 )
+
+if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
+    from ..models import ModelProvider, ScriptedModel
 
 app = typer.Typer(
     name="orch",
@@ -50,10 +50,8 @@ def _register_subapps() -> None:
     register(app)
     app.add_typer(agents_app, name="agents", help="Agent definitions: list, show, validate.")
     app.add_typer(skills_app, name="skills", help="Skills: list, show.")
-    try:
-        from .worktrees import worktrees_app
-    except ImportError:  # pragma: no cover - tier not built in this checkout
-        return
+    from .worktrees import worktrees_app
+
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
 
 
@@ -68,6 +66,9 @@ def run_tree(
     max_turns: int | None,
     timeout: float | None,
 ) -> RunRecord:
+    from ..definitions import load_catalog
+    from ..delegation import Delegator
+
     catalog = load_catalog(project.root, agents_dirs=agents_dirs)
     delegator = Delegator(
         settings=project.settings, store=project.store, catalog=catalog, models=provider
@@ -101,6 +102,9 @@ def start_background(
     model_spec: str | None,
 ) -> RunRecord:
     """Store the root run as queued and hand it to a detached worker process."""
+    from ..definitions import load_catalog
+    from ..delegation import Delegator
+
     catalog = load_catalog(project.root, agents_dirs=agents_dirs)
     delegator = Delegator(
         settings=project.settings, store=project.store, catalog=catalog, models=provider
@@ -176,6 +180,8 @@ def task(
         raise UsageError("the prompt is empty; say what the agent should do")
     if isolation is not None and isolation not in ("shared", "worktree", "container"):
         raise UsageError(f"unknown isolation {isolation!r}; choose shared, worktree or container")
+    from ..models import ModelProvider
+
     project = open_project(workdir, max_depth=max_depth, model=model)
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
@@ -221,6 +227,7 @@ def demo(
 ) -> None:
     """Offline: a scripted parent delegates to children; prints the chain and results."""
     from ..demo import make_demo_project
+    from ..models import ModelProvider
 
     where, script_path = make_demo_project(workdir)
     project = open_project(where)

@@ -12,9 +12,6 @@ from rich.live import Live
 from rich.table import Table
 
 from ..background import owner_alive, reap, reconcile
-from ..definitions import load_catalog
-from ..delegation import Delegator
-from ..models import ModelProvider
 from ..run import EXIT_CODES, RunRecord, RunStatus, now
 from ..store import Store
 from .common import STATUS_STYLE, age, find_run, handles_errors, open_project, out, print_json
@@ -194,6 +191,9 @@ def worker(
         return
     opts = record.options
     from ..config import load_settings
+    from ..definitions import load_catalog
+    from ..delegation import Delegator
+    from ..models import ModelProvider
 
     settings = load_settings(project.root, **opts.get("overrides", {}))
     provider = ModelProvider(settings, opts.get("model_spec"))

@@ -20,7 +20,11 @@ def open_workspace(isolation: str, spec: WorkspaceSpec) -> Workspace:
     """The workspace for one run; use it as ``async with open_workspace(...) as ws``."""
     if isolation == "shared":
         return SharedWorkspace(spec)
-    if isolation in ("worktree", "container"):
+    if isolation == "worktree":
+        from .worktree import WorktreeWorkspace
+
+        return WorktreeWorkspace(spec)
+    if isolation == "container":
         raise UsageError(
             f"isolation {isolation!r} is not available yet in this version of orch; "
             "use isolation 'shared'"

@@ -1,0 +1,138 @@
+"""``orch worktrees``: list, merge and prune the branches that worktree runs leave behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import worktrees as ops
+from ..errors import OrchError
+from ..paths import project_root
+from .common import fail
+
+T = TypeVar("T")
+
+worktrees_app = typer.Typer(
+    help="Branches of runs with isolation 'worktree' (orch/<agent>/<id>): list, merge, prune.",
+    no_args_is_help=True,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def _call(make: Callable[[Path], Coroutine[Any, Any, T]]) -> T:
+    """Run one operation on the repository of the current directory; errors become one line."""
+    try:
+        return asyncio.run(make(project_root()))
+    except OrchError as e:
+        raise fail(str(e), e.exit_code) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted", 130) from None
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _run_checker(root: Path) -> tuple[Callable[[str], bool], Callable[[], None]]:
+    """``is_running(run_id)`` from the store (a run it does not know counts as ended)."""
+    try:
+        from ..store import Store
+    except ImportError:  # pragma: no cover - the store ships with orch
+        return (lambda _run_id: False), (lambda: None)
+    store = Store.for_project(root)
+
+    def is_running(run_id: str) -> bool:
+        record = store.get_run(run_id)
+        return record is not None and not record.status.ended
+
+    return is_running, store.close
+
+
+@worktrees_app.command("list")
+def list_cmd(as_json: JsonFlag = False) -> None:
+    """List orch branches: ahead/behind your HEAD, size of the change, merged or not."""
+    infos = _call(ops.list_worktrees)
+    if as_json:
+        _print_json([i.model_dump() for i in infos])
+        return
+    if not infos:
+        typer.echo("no orch branches")
+        return
+    table = Table("branch", "run", "ahead", "behind", "changes", "merged", "worktree")
+    for i in infos:
+        changes = f"{i.files_changed} files +{i.insertions} -{i.deletions}"
+        table.add_row(
+            i.branch, i.run_id or "-", str(i.ahead), str(i.behind), changes,
+            "yes" if i.merged else "no", i.path or "-",
+        )  # fmt: skip
+    Console().print(table)
+
+
+@worktrees_app.command("merge")
+def merge_cmd(
+    target: Annotated[str, typer.Argument(metavar="RUN_ID|BRANCH", help="Run id or branch.")],
+    squash: Annotated[bool, typer.Option("--squash", help="One squashed commit.")] = False,
+    stash: Annotated[
+        bool, typer.Option("--stash", help="Stash your uncommitted changes around the merge.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Merge a run's branch into your current branch (refuses on conflicts or a dirty tree)."""
+    report = _call(lambda root: ops.merge(root, target, squash=squash, stash=stash))
+    if as_json:
+        _print_json(report.model_dump())
+    elif report.already_merged:
+        typer.echo(f"{report.branch} is already merged into {report.into}")
+    else:
+        how = "squash-merged" if report.squash else "merged"
+        typer.echo(
+            f"{how} {report.branch} into {report.into} ({report.commit[:10]}): "
+            f"{report.files_changed} files +{report.insertions} -{report.deletions}"
+        )
+    if report.warning and not as_json:
+        typer.echo(f"orch: {report.warning}", err=True)
+
+
+@worktrees_app.command("prune")
+def prune_cmd(
+    force: Annotated[
+        bool, typer.Option("--force", help="Also delete branches with unmerged commits.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove worktrees of ended runs (committing leftover work) and delete merged branches."""
+
+    async def go(root: Path) -> ops.PruneReport:
+        is_running, close = _run_checker(root)
+        try:
+            return await ops.prune(root, force=force, is_running=is_running)
+        finally:
+            close()
+
+    report = _call(go)
+    if as_json:
+        _print_json(report.model_dump())
+        return
+    for artifact in report.salvaged:
+        typer.echo(f"salvaged work of an ended run onto {artifact['branch']}")
+    for path in report.removed_worktrees:
+        typer.echo(f"removed worktree {path}")
+    for run_id in report.running:
+        typer.echo(f"kept worktree of running run {run_id}")
+    for branch in report.deleted_branches:
+        typer.echo(f"deleted branch {branch}")
+    for branch in report.kept_branches:
+        typer.echo(f"kept unmerged branch {branch} (merge it, or prune --force)")
+    if not any(
+        (report.salvaged, report.removed_worktrees, report.running,
+         report.deleted_branches, report.kept_branches)
+    ):  # fmt: skip
+        typer.echo("nothing to prune")
