@@ -90,6 +90,50 @@ async def _raw_spawn() -> float:
     return model.child_first["raw"] - t0
 
 
+def context_economy(root: Path, files: int = 20) -> dict[str, Any]:
+    """Input tokens of the parent's last request: exploring 20 files itself vs via one child."""
+    import yaml
+
+    from orchestrator.models import ScriptedModel
+
+    src = root / "economy"
+    src.mkdir(exist_ok=True)
+    for i in range(files):
+        body = "".join(f"def f{i}_{j}(x: int) -> int:\n    return x * {j}\n\n" for j in range(60))
+        (src / f"mod{i}.py").write_text(body)
+    reads = [{"tool": "read_file", "input": {"path": f"economy/mod{i}.py"}} for i in range(files)]
+    answer = "The 20 modules each define 60 small multiplier functions f<i>_<j>."
+    alone = {"conversations": [{"turns": [{"tool_calls": reads}, {"text": answer}]}]}
+    delegated = {"conversations": [
+        {"depth": 0, "turns": [
+            {"tool_calls": [{"tool": "task", "input": {
+                "subagent_type": "explorer", "description": "survey modules",
+                "prompt": "Read every file in economy/ and summarize what they define."}}]},
+            {"text": answer}]},
+        {"depth": 1, "turns": [{"tool_calls": reads}, {"text": answer}]},
+    ]}
+
+    async def last_input(script: dict[str, Any]) -> int:
+        model = ScriptedModel.from_yaml(yaml.safe_dump(script))
+        settings = Settings()
+        provider = ModelProvider(settings, scripted=model)
+        delegator = Delegator(settings=settings, store=Store.for_project(root),
+                              catalog=load_catalog(root), models=provider)
+        rec = await delegator.run_root("Survey the economy/ modules.", workdir=root)
+        assert rec.status.value == "succeeded", rec.error
+        parent = [r for r in model.requests if r.run_id == rec.run_id]
+        from orchestrator.models.scripted import estimate_tokens
+
+        last = parent[-1]
+        return estimate_tokens([last.system, last.messages, last.tools])
+
+    itself = asyncio.run(last_input(alone))
+    via_child = asyncio.run(last_input(delegated))
+    return {"measure": "parent context: last request input tokens, 1 child vs itself (20 files)",
+            "orch_ms": float(via_child), "raw_ms": float(itself), "ratio": via_child / itself,
+            "goal": "≤ 0.1×", "met": via_child / itself <= 0.1}
+
+
 def run(samples: int = 60) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,6 +169,7 @@ def run(samples: int = 60) -> list[dict[str, Any]]:
                     "met": fan / one <= 1.2,
                 }
             )
+        rows.append(context_economy(root))
     return rows
 
 

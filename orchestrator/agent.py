@@ -249,8 +249,12 @@ class AgentRun:
         if pre.blocked:
             ctx.store.add_event(ctx.run_id, "tool_refused", {"tool": name, "reason": pre.message})
             return ToolOutput(f"blocked by PreToolUse hook: {pre.message}", is_error=True)
+        limit = tool.time_limit(parsed, ctx.settings)
         try:
-            output = await tool.run(ctx, parsed)
+            async with asyncio.timeout(limit):
+                output = await tool.run(ctx, parsed)
+        except TimeoutError:
+            output = ToolOutput(f"{name} did not finish within {limit:g}s; cancelled", True)
         except ToolFailure as e:
             output = ToolOutput(str(e), is_error=True)
         except (OSError, UnicodeError, ValueError) as e:

@@ -101,6 +101,15 @@ def reap(store: Store, run_id: str) -> list[str]:
             art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted"))
             if art:
                 done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
+        elif kind == "container":
+            from .errors import OrchError
+            from .workspaces.container import remove_container
+
+            try:
+                remove_container(ref)
+                done.append(f"removed container {ref[:12]}")
+            except OrchError as e:  # e.g. the engine is down: the container's TTL still ends it
+                done.append(f"could not remove container {ref[:12]}: {e}")
         store.release_resource(run_id, kind, ref)
     return done
 

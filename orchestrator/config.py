@@ -86,6 +86,39 @@ class Hooks(BaseModel):
     subagent_stop: list[HookCommand] = Field(default_factory=list, alias="SubagentStop")
 
 
+class SandboxSettings(BaseModel):
+    """Container isolation (``[sandbox]`` in orch.toml): the image and its lockdown.
+
+    The defaults are the locked-down ones; ``orch sandbox config`` prints the effective values.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = "orch-sandbox:latest"
+    network_mode: str = "none"
+    cap_drop: list[str] = Field(default_factory=lambda: ["ALL"])
+    security_opt: list[str] = Field(default_factory=lambda: ["no-new-privileges"])
+    read_only: bool = True  # root filesystem; /tmp and $HOME are tmpfs
+    tmp_size: str = "512m"
+    home: str = "/home/agent"
+    home_size: str = "256m"
+    pids_limit: int = Field(default=256, ge=16)
+    mem_limit: str = "2g"
+    memswap_limit: str | None = None  # None: equal to mem_limit (no swap)
+    cpus: float = Field(default=1.0, gt=0)
+    init: bool = True
+    uid: int = Field(default=10001, ge=1)  # the sandbox user when orch runs as root
+    gid: int = Field(default=10001, ge=1)
+    user: str | None = None  # "uid:gid" override; never 0
+    env_whitelist: list[str] = Field(
+        default_factory=lambda: ["LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "NO_COLOR"]
+    )
+    path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    shell: str = "bash"
+    ttl_s: int = Field(default=6 * 3600, ge=10)  # the container's main process: sleep <ttl_s>
+    pool_size: int = Field(default=0, ge=0)
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -103,6 +136,7 @@ class Settings(BaseModel):
     timeout_seconds: float | None = None  # per run; None: no limit
     max_parallel_children: int = Field(default=20, ge=1)
     bash_timeout_s: float = 120.0
+    tool_timeout_s: float = 300.0  # any other tool call (bash: its own timeout + 15 s)
     tool_output_limit: int = 50_000
     child_output_limit: int = 32_000
     bash_deny: list[DenyRule] = Field(default_factory=lambda: list(DEFAULT_DENY))
@@ -113,6 +147,7 @@ class Settings(BaseModel):
     stall_timeout: float = 600.0
     worktree_include: list[str] = Field(default_factory=list)
     agents_dirs: list[str] = Field(default_factory=list)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
 
     def resolve_model(self, name: str | None) -> str:
         name = name or self.model

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class FakeAPI:
     fault_rate: float = 0.0
     faults: tuple[int, ...] = (429, 500, 529, 0)  # 0: drop the connection
     fail_first: int = 0
+    delay_s: float = 0.0  # every answer waits this long (slow responses)
     seed: int = 7
     served: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,6 +90,8 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
             with api.lock:
                 api.requests.append(body)
                 api.headers.append({k.lower(): v for k, v in self.headers.items()})
+            if api.delay_s:
+                time.sleep(api.delay_s)
             reply = api.responder(body)
             message = {
                 "id": f"msg_{len(api.requests)}",

@@ -371,14 +371,14 @@ def test_child_text_posing_as_system_message_stays_data(project: Path) -> None:
     assert "not instructions to you" in content
 
 
-def test_isolation_tiers_not_built_are_refused_clearly(project: Path) -> None:
+def test_branch_tiers_outside_a_git_repo_fail_clearly(project: Path) -> None:
     script = {
         "conversations": [
             {
                 "depth": 0,
                 "turns": [
-                    {"tool_calls": [task_call("boxed", isolation="container")]},
-                    {"expect_result": "not available yet", "text": "ok"},
+                    {"tool_calls": [task_call("boxed", isolation="worktree")]},
+                    {"expect_result": "not inside a git repository", "text": "ok"},
                 ],
             },
         ]
@@ -387,7 +387,9 @@ def test_isolation_tiers_not_built_are_refused_clearly(project: Path) -> None:
     root = h.run()
     assert root.status == RunStatus.SUCCEEDED, root.error
     (child,) = h.store.children(root.run_id)
-    assert child.status == RunStatus.FAILED and "not available yet" in (child.error or "")
+    assert child.status == RunStatus.FAILED
+    assert "not inside a git repository" in (child.error or "")
+    assert h.requests_of(child.run_id) == []  # no model call for a run that could not start
 
 
 def test_cancel_reaches_every_descendant(project: Path) -> None:

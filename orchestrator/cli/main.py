@@ -50,9 +50,21 @@ def _register_subapps() -> None:
     register(app)
     app.add_typer(agents_app, name="agents", help="Agent definitions: list, show, validate.")
     app.add_typer(skills_app, name="skills", help="Skills: list, show.")
+    from .sandbox import sandbox_app
+    from .team import team_app
     from .worktrees import worktrees_app
 
+    app.add_typer(team_app, name="team", help="A writer and a reviewer on one branch.")
+    app.add_typer(
+        sandbox_app, name="sandbox", help="Container sandboxes: build, config, ps, prune."
+    )
+
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
+
+
+def all_agents_dirs(project: Project, flags: list[Path]) -> list[Path]:
+    """``--agents-dir`` flags first, then ``agents_dirs`` from the settings (project-relative)."""
+    return [*flags, *(project.root / Path(d).expanduser() for d in project.settings.agents_dirs)]
 
 
 def run_tree(
@@ -69,7 +81,7 @@ def run_tree(
     from ..definitions import load_catalog
     from ..delegation import Delegator
 
-    catalog = load_catalog(project.root, agents_dirs=agents_dirs)
+    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
     delegator = Delegator(
         settings=project.settings, store=project.store, catalog=catalog, models=provider
     )
@@ -105,7 +117,7 @@ def start_background(
     from ..definitions import load_catalog
     from ..delegation import Delegator
 
-    catalog = load_catalog(project.root, agents_dirs=agents_dirs)
+    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
     delegator = Delegator(
         settings=project.settings, store=project.store, catalog=catalog, models=provider
     )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from ..agent import RunContext
+    from ..config import Settings
 
 
 class ToolInput(BaseModel):
@@ -51,6 +52,10 @@ class Tool:
             cached = {"name": self.name, "description": self.description, "input_schema": schema}
             _SCHEMAS[type(self)] = cached
         return copy.deepcopy(cached)
+
+    def time_limit(self, args: Any, settings: Settings) -> float | None:
+        """Seconds a call may take before it is cancelled (None: the tool bounds itself)."""
+        return settings.tool_timeout_s
 
     async def run(self, ctx: RunContext, args: Any) -> ToolOutput:
         raise NotImplementedError

@@ -8,6 +8,13 @@ from pydantic import Field, field_validator
 
 from .base import Tool, ToolInput, ToolOutput
 
+
+class _Unbounded(Tool):
+    """Delegation tools are bounded by the child's own limits, not a tool timeout."""
+
+    def time_limit(self, args: object, settings: object) -> float | None:
+        return None
+
 if TYPE_CHECKING:
     from ..agent import RunContext
 
@@ -41,7 +48,7 @@ class TaskInput(ToolInput):
         return v
 
 
-class TaskTool(Tool):
+class TaskTool(_Unbounded):
     name = "task"
     description = (
         "Delegate a self-contained task to a child agent with a fresh context. The child "
@@ -62,7 +69,7 @@ class TaskOutputInput(ToolInput):
     timeout_s: float | None = Field(default=None, gt=0, description="Longest wait, in seconds.")
 
 
-class TaskOutputTool(Tool):
+class TaskOutputTool(_Unbounded):
     name = "task_output"
     description = (
         "Get a background task's result. With block (default) waits for it to finish and "
@@ -80,7 +87,7 @@ class TaskStopInput(ToolInput):
     task_id: str = Field(min_length=1, description="The task to cancel (with its descendants).")
 
 
-class TaskStopTool(Tool):
+class TaskStopTool(_Unbounded):
     name = "task_stop"
     description = "Cancel a background task and every task it started."
     input_model = TaskStopInput

@@ -11,6 +11,7 @@ from .base import Tool, ToolInput, ToolOutput
 
 if TYPE_CHECKING:
     from ..agent import RunContext
+    from ..config import Settings
 
 
 class BashInput(ToolInput):
@@ -30,6 +31,9 @@ class BashTool(Tool):
         "exit code. The whole process group is killed at the timeout. No interactive input."
     )
     input_model = BashInput
+
+    def time_limit(self, args: BashInput, settings: Settings) -> float | None:
+        return (args.timeout_s or settings.bash_timeout_s) + 15.0
 
     async def run(self, ctx: RunContext, args: BashInput) -> ToolOutput:
         timeout = args.timeout_s or ctx.settings.bash_timeout_s

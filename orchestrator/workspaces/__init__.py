@@ -25,8 +25,7 @@ def open_workspace(isolation: str, spec: WorkspaceSpec) -> Workspace:
 
         return WorktreeWorkspace(spec)
     if isolation == "container":
-        raise UsageError(
-            f"isolation {isolation!r} is not available yet in this version of orch; "
-            "use isolation 'shared'"
-        )
+        from .container import ContainerWorkspace
+
+        return ContainerWorkspace(spec)
     raise UsageError(f"unknown isolation {isolation!r}; choose shared, worktree or container")

@@ -17,6 +17,14 @@ and ``orch-status`` trailers. A branch with no commits beyond its base is
 deleted with its worktree; otherwise the worktree directory is removed and the
 branch kept. ``git worktree add/remove`` and ``git branch -D`` are serialized
 per repository (an asyncio lock and an flock on ``.orch/worktrees.lock``).
+
+Continuing a branch: ``options["branch"]`` names an existing ``orch/*`` branch
+(left by an earlier run, e.g. a writer going on after a review) to check out in
+the new worktree instead of making a new one. New work is committed on it; it
+is never deleted, even when the run changed nothing (nor by a salvage: only a
+run's own ``orch/<agent>/<short id>`` branch is). ``options["base"]`` is the
+commit its artifact is measured from (default: the branch tip, i.e. only what
+this run adds).
 """
 
 from __future__ import annotations
@@ -89,6 +97,12 @@ def commit_env(agent: str) -> dict[str, str]:
     name = f"orch {agent}"
     return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": ORCH_EMAIL,
             "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": ORCH_EMAIL}  # fmt: skip
+
+
+def owns_branch(branch: str, run_id: str) -> bool:
+    """True for the branch a run makes for itself (``orch/<agent>/<short id>``)."""
+    parts = branch.split("/")
+    return len(parts) == 3 and parts[0] == "orch" and parts[2] == short_run_id(run_id)
 
 
 def lock_reason(run_id: str, base: str) -> str:
@@ -228,9 +242,11 @@ async def commit_all(root: Path, agent: str, message: str) -> bool:
 
 
 async def _settle(
-    main_root: Path, root: Path, branch: str, base: str, agent: str, message: str
-) -> list[dict[str, Any]]:
-    """Commit the work in ``root`` on ``branch``; remove the worktree; keep a branch with work."""
+    main_root: Path, root: Path, branch: str, base: str, agent: str, message: str,
+    keep_branch: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Commit the work in ``root`` on ``branch``; remove the worktree; keep a branch with work
+    (and always with ``keep_branch``: a branch the run did not create)."""
     if await asyncio.to_thread(root.is_dir):
         await commit_all(root, agent, message)
     head = await rev("HEAD", root) if await asyncio.to_thread(root.is_dir) else None
@@ -257,7 +273,7 @@ async def _settle(
             {"kind": "branch", "branch": name, "base": base, "commit": commit,
              "files_changed": files, "insertions": ins, "deletions": dels}
         )  # fmt: skip
-    keep = any(a["branch"] == branch for a in artifacts)
+    keep = keep_branch or any(a["branch"] == branch for a in artifacts)
     await remove_worktree(main_root, root, None if keep else branch)
     return artifacts
 
@@ -293,7 +309,8 @@ async def salvage_worktree(path: Path, run_id: str, status: str) -> dict[str, An
         base = merge_base.out.strip() or tip
     agent = agent_of_branch(branch)
     message = commit_message("", run_id, status)
-    artifacts = await _settle(main_root, real, branch, base, agent, message)
+    keep = not owns_branch(branch, run_id)  # a continued branch is never the run's to delete
+    artifacts = await _settle(main_root, real, branch, base, agent, message, keep)
     return artifacts[0] if artifacts else None
 
 
@@ -307,7 +324,10 @@ class WorktreeWorkspace:
         self.spec = spec
         self.base_path = spec.base.resolve()
         self.root: Path = self.base_path  # the worktree once entered
-        self.branch = branch_name(spec.agent, spec.run_id)
+        continued = spec.options.get("branch")
+        # an existing branch to go on with: checked out, committed on, never deleted
+        self.continued: str | None = str(continued) if continued else None
+        self.branch = self.continued or branch_name(spec.agent, spec.run_id)
         self.base_commit = ""
         self.main_root: Path | None = None
         self._outcome: RunOutcome | None = None
@@ -376,6 +396,8 @@ class WorktreeWorkspace:
             )
         main_root = main_root_from(lines[0], lines[1])
         base_top, self.base_commit = Path(lines[1]), lines[2]
+        if self.continued is not None:
+            self.base_commit = await self._continued_base(main_root)
         self.main_root = main_root
         patterns = await asyncio.to_thread(_prepare, main_root, base_top)
         include = spec.options.get("include") or []
@@ -390,24 +412,48 @@ class WorktreeWorkspace:
         if patterns:
             await self._copy_includes(base_top, patterns)
 
+    async def _continued_base(self, main_root: Path) -> str:
+        """Check ``options["branch"]`` and return the commit its work is measured from."""
+        branch = self.branch
+        if not branch.startswith("orch/") or ".." in branch:
+            raise UsageError(f"can only continue an orch/* branch, not {branch!r}")
+        tip = await rev(f"refs/heads/{branch}", main_root)
+        if tip is None:
+            raise UsageError(f"branch {branch} does not exist; see `orch worktrees list`")
+        base = self.spec.options.get("base")
+        if not base:
+            return tip
+        commit = await rev(str(base), main_root)
+        if commit is None:
+            raise UsageError(f"base {base!r} for branch {branch} is not a commit")
+        return commit
+
     async def _add(self, main_root: Path, path: Path, reason: str) -> None:
         delay = 0.05
         for attempt in range(RETRIES):
             args = ["worktree", "add", "--lock", "--reason", reason]
-            if self._owns_branch:  # an earlier attempt made the branch before failing
+            # an existing branch (continued, or made by an earlier attempt that failed) is
+            # checked out as it is; otherwise the branch is made here from the base
+            if self.continued is not None or self._owns_branch:
                 args += [str(path), self.branch]
             else:
                 args += ["-b", self.branch, str(path), self.base_commit]
             result = await git(*args, cwd=main_root, check=False)
             if result.code == 0:
-                self._owns_branch = True
+                self._owns_branch = self.continued is None
                 return
-            if "a branch named" in result.err and not self._owns_branch:
+            if self.continued is not None:
+                if "already" in result.err:  # checked out (or used) by another worktree
+                    raise OrchError(
+                        f"branch {self.branch} is in use by another worktree "
+                        f"({first_line(result.err)}); wait for that run to end"
+                    )
+            elif "a branch named" in result.err and not self._owns_branch:
                 raise OrchError(
                     f"branch {self.branch} already exists; merge or delete it "
                     "(orch worktrees prune) and run again"
                 )
-            if not self._owns_branch and await rev(f"refs/heads/{self.branch}", main_root):
+            elif not self._owns_branch and await rev(f"refs/heads/{self.branch}", main_root):
                 self._owns_branch = True
             if not lock_contention(result) or attempt == RETRIES - 1:
                 raise GitError(f"git worktree add failed: {first_line(result.err or result.out)}")
@@ -432,7 +478,7 @@ class WorktreeWorkspace:
         if main_root is None:
             return
         if self._created:
-            await remove_worktree(main_root, self.root, self.branch)
+            await remove_worktree(main_root, self.root, None if self.continued else self.branch)
             self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
         elif self._owns_branch:
             path = orch_dir(main_root) / "worktrees" / self.spec.run_id
@@ -450,7 +496,7 @@ class WorktreeWorkspace:
         )
         self._artifacts = await _settle(
             self.main_root, self.root, self.branch, self.base_commit,
-            ref_component(self.spec.agent), message,
+            ref_component(self.spec.agent), message, self.continued is not None,
         )  # fmt: skip
         self._created = False
         self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))

@@ -1,0 +1,157 @@
+"""Container tier overhead: ContainerWorkspace against the raw Docker commands it replaces.
+
+On a generated 200-file repository, with ``orch-sandbox:latest``, each measure is
+compared with the raw primitive measured in the same run, alternating which goes first:
+- cold ready: ``async with`` enter (repo probe, worktree + locked-down container started
+  concurrently, git wiring) vs ``docker run --rm --network none IMAGE true`` (goal ≤ 1.2×),
+  and the p99 of the orch samples against their p50 (goal ≤ 2×);
+- warm-pool claim: enter while a :class:`ContainerPool` holds a started container
+  (goal ≤ 50 ms); raw is the cold enter of the same run, for scale;
+- bash round trip: ``exec("true")`` (exec create/start/stream/inspect + group kill) vs
+  ``docker exec CONTAINER true`` (CLI), goal ≤ 1.2×.
+
+Run: ``python bench/container.py`` (needs the engine and the image).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.config import SandboxSettings  # noqa: E402
+from orchestrator.run import new_run_id  # noqa: E402
+from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec  # noqa: E402
+from orchestrator.workspaces.container import ContainerWorkspace  # noqa: E402
+from orchestrator.workspaces.pool import ContainerPool  # noqa: E402
+
+IMAGE = "orch-sandbox:latest"
+FILES = 200
+COLD_RUNS = 10
+CLAIMS = 10
+EXECS = 30
+
+
+def make_repo(root: Path, files: int = FILES) -> None:
+    for i in range(files):
+        pkg = root / f"pkg{i % 10}"
+        pkg.mkdir(exist_ok=True)
+        (pkg / f"mod{i:04d}.py").write_text(f"VALUE = {i}\n")
+    ident = ["-c", "user.name=bench", "-c", "user.email=bench@localhost"]
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], [*ident, "commit", "-q", "-m", "x"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+def _spec(repo: Path) -> WorkspaceSpec:
+    options = {"sandbox": SandboxSettings(image=IMAGE).model_dump()}
+    return WorkspaceSpec(new_run_id(), "c-bench", "bench", "bench", repo, options=options)
+
+
+async def _enter_once(repo: Path) -> tuple[float, ContainerWorkspace]:
+    ws = ContainerWorkspace(_spec(repo))
+    t0 = time.perf_counter()
+    await ws.__aenter__()
+    return time.perf_counter() - t0, ws
+
+
+async def _close(ws: ContainerWorkspace) -> None:
+    ws.set_outcome(RunOutcome("succeeded"))
+    await ws.__aexit__(None, None, None)
+
+
+async def _cli(*args: str) -> float:
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        "docker", *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    if await proc.wait() != 0:
+        raise RuntimeError(f"docker {' '.join(args)} failed")
+    return time.perf_counter() - t0
+
+
+def _p(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _row(measure: str, orch: float, raw: float | None, goal: str, met: bool) -> dict[str, Any]:
+    return {"measure": measure, "orch_ms": orch, "raw_ms": raw if raw is not None else 0.0,
+            "ratio": orch / raw if raw else None, "goal": goal, "met": met}  # fmt: skip
+
+
+async def _bench(repo: Path) -> list[dict[str, Any]]:
+    cold: list[float] = []
+    raw_run: list[float] = []
+    ws: ContainerWorkspace | None = None
+    await _close((await _enter_once(repo))[1])  # warm caches (image, git, imports)
+    for i in range(COLD_RUNS):
+        if i % 2:
+            raw_run.append(await _cli("run", "--rm", "--network", "none", IMAGE, "true"))
+        took, ws = await _enter_once(repo)
+        cold.append(took)
+        if not i % 2:
+            raw_run.append(await _cli("run", "--rm", "--network", "none", IMAGE, "true"))
+        if i < COLD_RUNS - 1:
+            await _close(ws)
+    assert ws is not None and ws.slot is not None
+    execs: list[float] = []
+    raw_exec: list[float] = []
+    for i in range(EXECS):
+        if i % 2:
+            raw_exec.append(await _cli("exec", ws.slot.container_id, "true"))
+        t0 = time.perf_counter()
+        result = await ws.exec("true", timeout_s=30, env={})
+        execs.append(time.perf_counter() - t0)
+        assert result.exit_code == 0, result.output
+        if not i % 2:
+            raw_exec.append(await _cli("exec", ws.slot.container_id, "true"))
+    await _close(ws)
+    claims: list[float] = []
+    async with ContainerPool(repo, SandboxSettings(image=IMAGE), size=1) as pool:
+        for _ in range(CLAIMS):
+            async with asyncio.timeout(60):
+                await pool.wait_ready()
+            took, ws = await _enter_once(repo)
+            assert ws.pooled
+            claims.append(took)
+            await _close(ws)
+    ms = 1000.0
+    c50, c99 = statistics.median(cold) * ms, _p(cold, 0.99) * ms
+    r50 = statistics.median(raw_run) * ms
+    e50, re50 = statistics.median(execs) * ms, statistics.median(raw_exec) * ms
+    k50 = statistics.median(claims) * ms
+    return [
+        _row(f"cold child ready vs `docker run --rm` (median of {COLD_RUNS})", c50, r50,
+             "≤ 1.2×", c50 <= 1.2 * r50),
+        _row("cold child ready p99 (raw column: its p50)", c99, c50, "≤ 2× p50", c99 <= 2 * c50),
+        _row(f"warm-pool claim (median of {CLAIMS}; raw column: cold)", k50, c50, "≤ 50 ms",
+             k50 <= 50),
+        _row(f"bash round trip `true` vs `docker exec` CLI (median of {EXECS})", e50, re50,
+             "≤ 1.2×", e50 <= 1.2 * re50),
+    ]  # fmt: skip
+
+
+def run() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        make_repo(repo)
+        return asyncio.run(_bench(repo))
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'measure':<62} {'orch ms':>9} {'raw ms':>9} {'ratio':>6}  goal      met")
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        print(f"{r['measure']:<62} {r['orch_ms']:>9.1f} {r['raw_ms']:>9.1f} {ratio:>6}  "
+              f"{r['goal']:<9} {'yes' if r['met'] else 'NO'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    print_table(run())

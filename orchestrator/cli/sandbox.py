@@ -1,0 +1,162 @@
+"""``orch sandbox``: build the sandbox image, show the lockdown, list and prune containers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..config import load_settings
+from ..errors import OrchError
+from ..paths import project_root
+from .common import age, handles_errors, print_json
+
+sandbox_app = typer.Typer(
+    help="Container sandboxes: build the image, show the lockdown, list and prune containers.",
+    no_args_is_help=True,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "sandboxes" / "build.sh"
+SLOT_GRACE_S = 120.0  # a slot directory younger than this may be getting its container
+
+
+@sandbox_app.command("build")
+@handles_errors
+def build_cmd(
+    base: Annotated[
+        str | None, typer.Option("--base", help="Base image (default debian:bookworm-slim).")
+    ] = None,
+) -> None:
+    """Build orch-sandbox:latest (sandboxes/build.sh); without a registry it debootstraps a base."""
+    from ..workspaces.container import docker_client
+
+    if not BUILD_SCRIPT.is_file():
+        raise OrchError(f"{BUILD_SCRIPT} not found: run `orch sandbox build` from an orch checkout")
+    docker_client().close()  # one clear line when the engine is not reachable
+    env = {**os.environ, **({"BASE": base} if base else {})}
+    proc = subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    fallback = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        typer.echo(line.rstrip("\n"))
+        if ("debootstrap" in line or "cannot pull" in line) and not fallback:
+            fallback = line.strip().removeprefix("build.sh: ")
+    code = proc.wait()
+    if fallback:
+        typer.echo(f"orch: no usable base image: fell back to debootstrap ({fallback})", err=True)
+    if code != 0:
+        raise OrchError(f"sandbox build failed (exit {code}); see the output above")
+
+
+def _effective(as_root: bool) -> dict[str, Any]:
+    from ..workspaces.pool import sandbox_user
+
+    cfg = load_settings(project_root()).sandbox
+    data = cfg.model_dump()
+    data["memswap_limit"] = cfg.memswap_limit or cfg.mem_limit
+    uid, gid = sandbox_user(cfg)
+    how = (
+        "sandbox.user" if cfg.user else ("sandbox.uid (orch runs as root)" if as_root else "yours")
+    )
+    data["effective_user"] = f"{uid}:{gid}"
+    data["effective_user_from"] = how
+    return data
+
+
+@sandbox_app.command("config")
+@handles_errors
+def config_cmd(as_json: JsonFlag = False) -> None:
+    """Print the effective sandbox settings (the lockdown every container gets)."""
+    data = _effective(os.geteuid() == 0)
+    if as_json:
+        print_json(data)
+        return
+    for key, value in data.items():
+        typer.echo(f"{key:<20} {value}")
+
+
+def _rows() -> list[dict[str, Any]]:
+    from ..workspaces.container import docker_client, list_containers
+
+    client = docker_client()
+    try:
+        found = list_containers(client)
+    finally:
+        client.close()
+    rows = []
+    for c in found:
+        labels = c["labels"]
+        created = labels.get("orch.created_at", "")
+        rows.append(
+            {"id": c["id"][:12], "run_id": labels.get("orch.run_id") or None,
+             "chain_id": labels.get("orch.chain_id") or None, "agent": labels.get("orch.agent"),
+             "pool": labels.get("orch.pool") == "true", "owner_pid": labels.get("orch.owner_pid"),
+             "owner_alive": c["owner_alive"], "state": c["state"], "status": c["status"],
+             "image": c["image"], "created_at": float(created) if created else None,
+             "slot": labels.get("orch.slot")}
+        )  # fmt: skip
+    return rows
+
+
+@sandbox_app.command("ps")
+@handles_errors
+def ps_cmd(as_json: JsonFlag = False) -> None:
+    """List orch's containers (found by label), with their run and owner."""
+    rows = _rows()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo("no orch containers")
+        return
+    typer.echo(f"{'container':<13} {'run':<16} {'owner':<14} {'state':<9} {'age':>5}  image")
+    for r in rows:
+        run = r["run_id"] or ("(pool)" if r["pool"] else "-")
+        owner = f"{r['owner_pid']} {'alive' if r['owner_alive'] else 'dead'}"
+        typer.echo(
+            f"{r['id']:<13} {run:<16} {owner:<14} {r['state']:<9} {age(r['created_at']):>5}  "
+            f"{r['image']}"
+        )
+
+
+def _orphan_slots(root: Path, live: set[str]) -> list[Path]:
+    """Slot directories of this project that no container uses any more."""
+    where = root / ".orch" / "sandboxes"
+    if not where.is_dir():
+        return []
+    now = time.time()
+    return [
+        p
+        for p in where.iterdir()
+        if p.is_dir() and str(p) not in live and now - p.stat().st_mtime > SLOT_GRACE_S
+    ]
+
+
+@sandbox_app.command("prune")
+@handles_errors
+def prune_cmd(as_json: JsonFlag = False) -> None:
+    """Remove orch containers whose owner process is gone, and their leftover directories."""
+    from ..workspaces.container import reap_by_label
+    from ..workspaces.pool import release_slot
+
+    removed = reap_by_label()
+    slots = _orphan_slots(project_root(), {r["slot"] for r in _rows() if r["slot"]})
+    for slot in slots:
+        release_slot(slot)
+    if as_json:
+        print_json({"removed_containers": removed, "removed_slots": [str(s) for s in slots]})
+        return
+    for cid in removed:
+        typer.echo(f"removed container {cid[:12]}")
+    for slot in slots:
+        typer.echo(f"removed leftover sandbox directory {slot}")
+    if not removed and not slots:
+        typer.echo("nothing to prune")

@@ -1,0 +1,113 @@
+"""`orch team run`: a writer and a reviewer taking turns on one branch (orchestrator/team.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from ..definitions import load_catalog
+from ..delegation import Delegator
+from ..errors import UsageError
+from ..models import ModelProvider
+from ..team import TEAM_ISOLATIONS, TeamResult, run_team
+from .common import err, handles_errors, open_project, out, print_json
+
+team_app = typer.Typer(
+    help="Teams: a writer and a reviewer taking turns on one branch until it is approved.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@team_app.callback()
+def team_callback() -> None:
+    """Teams: a writer and a reviewer taking turns on one branch until it is approved."""
+
+
+def show(result: TeamResult) -> None:
+    out.print(f"[bold]team[/] {result.root_run_id} · chain {result.chain_id}")
+    if result.branch:
+        out.print(f"branch  {escape(result.branch)} at {(result.commit or '')[:12]}")
+    out.print(f"rounds  {result.rounds} of {result.max_rounds}")
+    for i, v in enumerate(result.verdicts, 1):
+        style = "green" if v.approved else "yellow"
+        out.print(f"review {i}: [{style}]{v.verdict}[/] {escape(v.summary)}")
+        for c in v.comments:
+            out.print(f"  - {escape(c.path)}:{c.line}: {escape(c.comment)}")
+    if result.merged:
+        out.print(f"[green]merged[/] into your HEAD at {(result.merge_commit or '')[:12]}")
+    if result.approved and result.error is None:
+        out.print("[green]approved[/]")
+    out.print(f"[dim]the runs: orch tree {result.root_run_id}[/]")
+
+
+@team_app.command("run")
+@handles_errors
+def run(
+    prompt: Annotated[str, typer.Argument(help="What the writer should do.")],
+    writer: Annotated[str, typer.Option("--writer", help="Writer agent.")] = "writer",
+    reviewer: Annotated[
+        str, typer.Option("--reviewer", help="Reviewer agent (read-only tools only).")
+    ] = "reviewer",
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds at most.")] = 3,
+    isolation: Annotated[
+        str, typer.Option("--isolation", help="The writer's tier: worktree | container.")
+    ] = "worktree",
+    merge: Annotated[
+        bool, typer.Option("--merge", help="Merge the branch into your HEAD when approved.")
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
+    ] = None,
+    agents_dir: Annotated[
+        list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
+    ] = None,
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
+    if isolation not in TEAM_ISOLATIONS:
+        raise UsageError(f"--isolation must be worktree or container, not {isolation!r}")
+    project = open_project(workdir, model=model)
+    provider = ModelProvider(project.settings, model)
+    provider.check_ready()
+    configured = [project.root / Path(d).expanduser() for d in project.settings.agents_dirs]
+    catalog = load_catalog(project.root, agents_dirs=[*(agents_dir or []), *configured])
+    delegator = Delegator(
+        settings=project.settings, store=project.store, catalog=catalog, models=provider
+    )
+
+    async def go() -> TeamResult:
+        async with provider:
+            return await run_team(
+                delegator,
+                prompt=prompt,
+                workdir=project.workdir,
+                writer=writer,
+                reviewer=reviewer,
+                rounds=rounds,
+                isolation=isolation,
+                merge=merge,
+            )
+
+    result = asyncio.run(go())
+    code = result.exit_code
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+    else:
+        show(result)
+    if result.error:
+        err.print(f"orch: team {result.root_run_id}: {result.error}", markup=False)
+    script = provider.scripted
+    if script is not None and code == 0 and (problems := script.problems()):
+        err.print(
+            f"orch: {script.source}: script not fully used: " + "; ".join(problems), markup=False
+        )
+        code = 1
+    raise typer.Exit(code)

@@ -1,0 +1,473 @@
+"""Teams: a writer and a reviewer taking turns on one branch until the reviewer approves.
+
+``run_team`` makes one QueryChain: a root run (agent ``team``, depth 0, no
+model of its own) and, for each round, a writer run and one or two reviewer
+runs as its children (depth 1), all visible in ``orch tree`` / ``orch ps``.
+
+1. The writer works in its own worktree (or container) on a branch
+   ``orch/<writer>/<id>`` made from the user's HEAD; its work is committed
+   there when it ends.
+2. The reviewer gets ``git diff base..branch`` in its prompt and the branch
+   checked out read-only in a worktree of its own; it answers with a JSON
+   :class:`Verdict`. A malformed verdict is asked for once more (a new reviewer
+   run, told what was wrong); a second malformed one fails the round.
+3. On ``changes_requested`` the writer goes on with the same branch (checked
+   out again, new commits on top) and the review comments in its prompt.
+   The loop ends on ``approve`` or after ``rounds`` rounds.
+
+With ``merge`` an approved branch is merged into the user's HEAD exactly as
+``orch worktrees merge`` does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .definitions import AgentDefinition
+from .delegation import Delegator, QueryChain
+from .errors import OrchError, UsageError
+from .run import RunRecord, RunStatus, now
+from .worktrees import diff_stats, git, main_repo_root, rev
+from .worktrees import merge as merge_branch
+
+DIFF_LIMIT = 60_000  # characters of the diff put in the reviewer's prompt
+ANSWER_QUOTE = 2_000  # characters of a malformed answer quoted back to the reviewer
+WRITE_TOOLS = frozenset({"write_file", "edit_file", "bash"})
+TEAM_ISOLATIONS = ("worktree", "container")
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
+
+TEAM_AGENT = AgentDefinition(
+    name="team",
+    description="A writer and a reviewer taking turns on one branch (orch team run).",
+    tools=["task"],
+    system_prompt="",
+    source="orch team",
+)
+
+VERDICT_FORMAT = (
+    '{"verdict": "approve" | "changes_requested", "summary": "<two or three sentences>", '
+    '"comments": [{"path": "<file path relative to the repository root>", '
+    '"line": <line number in the new version>, "comment": "<the problem and a fix>"}]}'
+)
+
+
+# -- the verdict --------------------------------------------------------------------
+
+
+class Comment(BaseModel):
+    """One review comment on a line of the branch's version of a file."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    path: str = Field(min_length=1)
+    line: int = Field(ge=1)
+    comment: str = Field(min_length=1)
+
+
+class Verdict(BaseModel):
+    """What the reviewer answers with (extra keys are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    verdict: Literal["approve", "changes_requested"]
+    summary: str
+    comments: list[Comment] = Field(default_factory=list)
+
+    @property
+    def approved(self) -> bool:
+        return self.verdict == "approve"
+
+
+class VerdictError(OrchError):
+    """The reviewer's answer is not a valid verdict; the message says what is wrong."""
+
+
+def parse_verdict(text: str) -> Verdict:
+    """The verdict in a reviewer's final text: bare JSON, a ```json fence, or JSON in prose."""
+    stripped = text.strip()
+    if not stripped:
+        raise VerdictError("the answer is empty; expected one JSON object")
+    fenced = _FENCE.search(stripped)
+    candidate = fenced.group(1).strip() if fenced else stripped
+    try:
+        data: Any = json.loads(candidate)
+    except json.JSONDecodeError as e:
+        problem = f"the answer is not a JSON object ({e.msg} at line {e.lineno} column {e.colno})"
+        start = candidate.find("{")  # JSON with prose around it
+        if start < 0:
+            raise VerdictError(problem) from None
+        try:
+            data, _ = json.JSONDecoder().raw_decode(candidate[start:])
+        except json.JSONDecodeError:
+            raise VerdictError(problem) from None
+    if not isinstance(data, dict):
+        raise VerdictError(f"the answer is JSON but not an object (got {type(data).__name__})")
+    try:
+        return Verdict.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'verdict'}: {err['msg']}"
+            for err in e.errors()[:5]
+        )
+        raise VerdictError(f"the JSON object is not a valid verdict ({problems})") from None
+
+
+# -- the result ---------------------------------------------------------------------
+
+
+class TeamRun(BaseModel):
+    """One writer or reviewer run of the team (a child of the root run)."""
+
+    round: int
+    role: Literal["writer", "reviewer"]
+    run_id: str
+    status: RunStatus
+    error: str | None = None
+
+
+class TeamResult(BaseModel):
+    """What ``orch team run --json`` prints."""
+
+    root_run_id: str
+    chain_id: str
+    status: RunStatus
+    branch: str | None = None
+    commit: str | None = None  # the branch tip after the last writer run
+    base: str  # the user's HEAD when the team started
+    rounds: int = 0  # rounds started
+    max_rounds: int
+    verdicts: list[Verdict] = Field(default_factory=list)  # one per completed review, in order
+    runs: list[TeamRun] = Field(default_factory=list)
+    approved: bool = False
+    merged: bool = False
+    merge_commit: str | None = None  # the user's HEAD after the merge
+    error: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.approved and self.error is None else 1
+
+
+# -- prompts ------------------------------------------------------------------------
+
+
+def format_comments(verdict: Verdict) -> str:
+    lines = [f"- {c.path}:{c.line}: {c.comment}" for c in verdict.comments]
+    return "\n".join(lines) or "(no line comments)"
+
+
+def writer_followup(task: str, branch: str, n: int, verdict: Verdict) -> str:
+    return (
+        f"{task}\n\n---\nRound {n}: you continue on the same branch, {branch}. Your earlier "
+        "commits are checked out in your workspace. The reviewer requested changes; address "
+        "every comment below, then answer with your summary as before.\n\n"
+        f"Review summary: {verdict.summary}\n\nReview comments:\n{format_comments(verdict)}\n"
+    )
+
+
+def reviewer_prompt(
+    task: str, branch: str, base: str, commit: str, diff: str, n: int, rounds: int,
+    previous: Verdict | None,
+) -> str:  # fmt: skip
+    earlier = ""
+    if previous is not None:
+        earlier = (
+            "\nIn the previous round you requested these changes; check they were made:\n"
+            f"{previous.summary}\n{format_comments(previous)}\n"
+        )
+    return (
+        f"Review round {n} of {rounds}: review branch {branch} (commit {commit[:12]}) "
+        f"against base {base[:12]}.\n\nThe task the change implements:\n<task>\n{task}\n"
+        "</task>\n\nThe branch is checked out in your workspace: read its files with "
+        f"read_file, glob and grep.\n{earlier}\nThe diff (git diff {base[:12]}..{commit[:12]}):"
+        f"\n```diff\n{diff}\n```\n\nAnswer ONLY with one JSON object, no prose around it:\n"
+        f"{VERDICT_FORMAT}\n"
+    )
+
+
+def reviewer_retry(first_prompt: str, answer: str, problem: str) -> str:
+    quoted = answer.strip()[:ANSWER_QUOTE] or "(empty)"
+    return (
+        f"{first_prompt}\n---\nYour previous answer was not a valid verdict: {problem}.\n"
+        f"Your previous answer was:\n<previous_answer>\n{quoted}\n</previous_answer>\n"
+        "Answer again with ONLY the JSON object in the format above.\n"
+    )
+
+
+# -- running a team -----------------------------------------------------------------
+
+
+async def _base_commit(workdir: Path) -> tuple[Path, str]:
+    try:
+        repo = await main_repo_root(workdir)
+    except UsageError:
+        raise UsageError(
+            f"orch team needs a git repository: {workdir} is not inside one; "
+            "run `git init` and make a first commit"
+        ) from None
+    head = await rev("HEAD", workdir)
+    if head is None:
+        raise UsageError(
+            f"the git repository at {repo} has no commits yet; make a first commit, then run "
+            "orch team"
+        )
+    return repo, head
+
+
+async def branch_diff(repo: Path, base: str, commit: str, limit: int = DIFF_LIMIT) -> str:
+    result = await git("diff", "--no-color", "--no-ext-diff", base, commit, cwd=repo)
+    text = result.out
+    if len(text) > limit:
+        stat = await git("diff", "--stat", "--no-color", base, commit, cwd=repo)
+        text = (
+            f"{text[:limit]}\n[diff cut at {limit:,} of {len(text):,} characters; read the "
+            f"files for the rest. Files changed:]\n{stat.out}"
+        )
+    return text or "(empty diff: the branch has no changes against the base)"
+
+
+class _Team:
+    """One team run: the root record, its rounds, and what is reported at the end."""
+
+    def __init__(
+        self, delegator: Delegator, root: RunRecord, *, repo: Path, workdir: Path, prompt: str,
+        writer: str, reviewer: str, rounds: int, isolation: str, merge: bool, result: TeamResult,
+    ) -> None:  # fmt: skip
+        self.d = delegator
+        self.root = root
+        self.repo = repo
+        self.workdir = workdir
+        self.prompt = prompt
+        self.writer = writer
+        self.reviewer = reviewer
+        self.max_rounds = rounds
+        self.isolation = isolation
+        self.merge = merge
+        self.result = result
+        self.stats: dict[str, int] = {}  # diff stats of the branch against the base
+
+    def _note(self, n: int, role: Literal["writer", "reviewer"], rec: RunRecord) -> None:
+        self.result.runs.append(
+            TeamRun(round=n, role=role, run_id=rec.run_id, status=rec.status, error=rec.error)
+        )
+
+    async def drive(self) -> RunRecord:
+        try:
+            await self._rounds()
+            if self.result.approved and self.merge:
+                await self._merge()
+        except asyncio.CancelledError:
+            self.result.error = self.result.error or "cancelled"
+            self._finish(RunStatus.CANCELLED)
+            raise
+        except OrchError as e:
+            self.result.error = str(e)
+        except Exception as e:  # a bug must end the team as failed, not leave it running
+            self.result.error = f"{type(e).__name__}: {e}".strip()
+        ok = self.result.approved and self.result.error is None
+        return self._finish(RunStatus.SUCCEEDED if ok else RunStatus.FAILED)
+
+    async def _rounds(self) -> None:
+        res = self.result
+        previous: Verdict | None = None
+        for n in range(1, self.max_rounds + 1):
+            res.rounds = n
+            if res.branch is None:
+                prompt, options = self.prompt, {}
+            else:
+                assert previous is not None
+                prompt = writer_followup(self.prompt, res.branch, n, previous)
+                options = {"branch": res.branch, "base": res.base}
+            wrec = await self.d.run_child(
+                self.root, agent=self.writer, prompt=prompt, description=f"team round {n}: write",
+                isolation=self.isolation, base=self.workdir, workspace_options=options,
+            )  # fmt: skip
+            self._note(n, "writer", wrec)
+            made = [str(a["branch"]) for a in wrec.artifacts if a.get("kind") == "branch"]
+            if res.branch is not None and made and made[0] != res.branch:
+                raise OrchError(
+                    f"round {n}: the {self.isolation} tier did not continue branch {res.branch} "
+                    f"(the writer's work went to {made[0]}); it does not support teams"
+                )
+            branch = res.branch or (made[0] if made else None)
+            if branch is not None:
+                res.branch = branch
+                res.commit = await rev(f"refs/heads/{branch}", self.repo)
+            if res.commit is not None:
+                files, ins, dels = await diff_stats(self.repo, res.base, res.commit)
+                self.stats = {"files_changed": files, "insertions": ins, "deletions": dels}
+            if wrec.status != RunStatus.SUCCEEDED:
+                why = wrec.error or wrec.status.value
+                raise OrchError(f"round {n}: the writer run {wrec.run_id} {wrec.status}: {why}")
+            if res.branch is None or res.commit is None:
+                raise OrchError(
+                    f"round {n}: the writer run {wrec.run_id} left no branch with changes; "
+                    "there is nothing to review"
+                )
+            verdict = await self._review(n, res.branch, res.commit, previous)
+            res.verdicts.append(verdict)
+            self.d.store.add_event(
+                self.root.run_id, "team_verdict",
+                {"round": n, "commit": res.commit, **verdict.model_dump()},
+            )  # fmt: skip
+            if verdict.approved:
+                res.approved = True
+                return
+            previous = verdict
+        raise OrchError(
+            f"not approved after {self.max_rounds} round(s); the work so far is on branch "
+            f"{res.branch}"
+        )
+
+    async def _review(self, n: int, branch: str, commit: str, previous: Verdict | None) -> Verdict:
+        diff = await branch_diff(self.repo, self.result.base, commit)
+        first = reviewer_prompt(
+            self.prompt, branch, self.result.base, commit, diff, n, self.max_rounds, previous
+        )
+        prompt, problem, seen = first, "", []
+        for attempt in (1, 2):
+            rrec = await self.d.run_child(
+                self.root, agent=self.reviewer, prompt=prompt, isolation="worktree",
+                description=f"team round {n}: review" + (" (again)" if attempt == 2 else ""),
+                base=self.workdir, workspace_options={"branch": branch},
+            )  # fmt: skip
+            self._note(n, "reviewer", rrec)
+            seen.append(rrec.run_id)
+            if rrec.status != RunStatus.SUCCEEDED:
+                why = rrec.error or rrec.status.value
+                raise OrchError(f"round {n}: the reviewer run {rrec.run_id} {rrec.status}: {why}")
+            try:
+                return parse_verdict(rrec.output)
+            except VerdictError as e:
+                problem = str(e)
+                self.d.store.add_event(
+                    self.root.run_id, "team_bad_verdict",
+                    {"round": n, "run_id": rrec.run_id, "problem": problem},
+                )  # fmt: skip
+                prompt = reviewer_retry(first, rrec.output, problem)
+        raise OrchError(
+            f"round {n}: the reviewer's verdict was malformed twice (runs {', '.join(seen)}): "
+            f"{problem}"
+        )
+
+    async def _merge(self) -> None:
+        assert self.result.branch is not None
+        try:
+            report = await merge_branch(self.workdir, self.result.branch)
+        except OrchError as e:
+            raise OrchError(f"approved, but merging {self.result.branch} failed: {e}") from None
+        self.result.merged = True
+        self.result.merge_commit = report.commit
+
+    def summary(self) -> str:
+        res = self.result
+        lines = [f"team: {self.writer} + {self.reviewer}, {res.rounds} round(s)"]
+        if res.branch:
+            lines.append(f"branch {res.branch} at {(res.commit or '')[:12]} (base {res.base[:12]})")
+        for i, v in enumerate(res.verdicts, 1):
+            lines.append(f"review {i}: {v.verdict}: {v.summary}")
+            lines += [f"  - {c.path}:{c.line}: {c.comment}" for c in v.comments]
+        if res.merged:
+            lines.append(f"merged into your HEAD at {(res.merge_commit or '')[:12]}")
+        if res.approved:
+            lines.append("approved")
+        if res.error:
+            lines.append(f"error: {res.error}" if res.approved else f"not approved: {res.error}")
+        return "\n".join(lines)
+
+    def _finish(self, status: RunStatus) -> RunRecord:
+        res = self.result
+        res.status = status
+        artifacts: list[dict[str, Any]] = []
+        if res.branch and res.commit:
+            artifacts.append({"kind": "branch", "branch": res.branch, "base": res.base,
+                              "commit": res.commit, **self.stats})  # fmt: skip
+        text = self.summary()
+        done = self.d.store.update_run(
+            self.root.run_id, status=status, output=text, summary=text[:2000],
+            error=None if status == RunStatus.SUCCEEDED else res.error or status.value,
+            artifacts=artifacts, ended_at=now(),
+        )  # fmt: skip
+        self.d.store.save_output(self.root.run_id, text)
+        self.d.store.add_event(
+            self.root.run_id, "run_finished",
+            {"status": status.value, "error": done.error, "artifacts": artifacts,
+             "approved": res.approved, "merged": res.merged},
+        )  # fmt: skip
+        return done
+
+
+async def run_team(
+    delegator: Delegator,
+    *,
+    prompt: str,
+    workdir: Path,
+    writer: str = "writer",
+    reviewer: str = "reviewer",
+    rounds: int = 3,
+    isolation: str = "worktree",
+    merge: bool = False,
+) -> TeamResult:
+    """Run a writer/reviewer team on ``prompt`` in the git repository around ``workdir``."""
+    if not prompt.strip():
+        raise UsageError("the prompt is empty; say what the writer should do")
+    if rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, not {rounds}")
+    if isolation not in TEAM_ISOLATIONS:
+        raise UsageError(
+            f"a team needs a branch per writer: isolation must be worktree or container, "
+            f"not {isolation!r}"
+        )
+    if delegator.settings.max_depth < 1:
+        raise UsageError("a team's writer and reviewer run at depth 1; set max_depth to 1 or more")
+    workdir = await asyncio.to_thread(workdir.resolve)
+    repo, base = await _base_commit(workdir)
+    names = delegator.tools.names()
+    writer_tools = delegator.catalog.agent(writer).allowed_tools(names)
+    reviewer_tools = delegator.catalog.agent(reviewer).allowed_tools(names)
+    if writes := sorted(WRITE_TOOLS.intersection(reviewer_tools)):
+        raise UsageError(
+            f"the reviewer must be read-only, but agent {reviewer!r} has {', '.join(writes)}; "
+            "pick an agent with only read_file, glob and grep (like the bundled 'reviewer')"
+        )
+    tools = list(dict.fromkeys([*writer_tools, *reviewer_tools, "task"]))
+    root = delegator.new_record(
+        prompt=prompt, definition=TEAM_AGENT, chain=QueryChain.root(), parent=None,
+        allowed_tools=tools, isolation="shared", model_name=delegator.models.resolve(None),
+        description=prompt[:80],
+        options={"workdir": str(workdir), "team": {"writer": writer, "reviewer": reviewer,
+                 "rounds": rounds, "isolation": isolation, "merge": merge, "base": base}},
+    )  # fmt: skip
+    result = TeamResult(root_run_id=root.run_id, chain_id=root.chain_id,
+                        status=RunStatus.RUNNING, base=base, max_rounds=rounds)  # fmt: skip
+    delegator.store.update_run(root.run_id, status=RunStatus.RUNNING, started_at=now())
+    delegator.store.add_event(
+        root.run_id, "run_started",
+        {"agent": "team", "model": root.model, "depth": 0, "max_depth": root.max_depth,
+         "chain_id": root.chain_id, "parent_run_id": None, "allowed_tools": tools,
+         "isolation": "shared", "writer": writer, "reviewer": reviewer, "rounds": rounds},
+    )  # fmt: skip
+    team = _Team(
+        delegator, root, repo=repo, workdir=workdir, prompt=prompt, writer=writer,
+        reviewer=reviewer, rounds=rounds, isolation=isolation, merge=merge, result=result,
+    )  # fmt: skip
+    job = asyncio.create_task(team.drive(), name=f"orch-team-{root.run_id}")
+    delegator.jobs[root.run_id] = job
+    async with delegator.supervised():
+        try:
+            record = await job
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we were cancelled (Ctrl+C): the team was cancelled with us
+            record = delegator.store.require_run(root.run_id)  # `orch cancel` from elsewhere
+        finally:
+            delegator.jobs.pop(root.run_id, None)
+    result.status = record.status
+    return result
