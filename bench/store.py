@@ -93,12 +93,15 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
             subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
             return time.perf_counter() - t0
 
-        recent_cmd = [sys.executable, "-c",
-                      "import sqlite3,json,sys,time;c=sqlite3.connect(sys.argv[1]);"
-                      "r=[json.loads(d) for (d,) in c.execute('SELECT data FROM runs WHERE "
-                      "updated_at >= ? OR status IN (\'queued\', \'running\')',"
-                      " (time.time() - 3600,))];sys.stdout.write(json.dumps(r))",
-                      str(root / ".orch" / "orch.db")]
+        recent_code = (
+            "import sqlite3, json, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1])\n"
+            "q = \"SELECT data FROM runs WHERE updated_at >= ?\"\n"
+            "q += \" OR status IN ('queued', 'running')\"\n"
+            "r = [json.loads(d) for (d,) in c.execute(q, (time.time() - 3600,))]\n"
+            "sys.stdout.write(json.dumps(r))\n"
+        )
+        recent_cmd = [sys.executable, "-c", recent_code, str(root / ".orch" / "orch.db")]
         o = statistics.median(timed(orch_cmd) for _ in range(samples)) * 1000
         r0 = statistics.median(timed(recent_cmd) for _ in range(samples)) * 1000
         rows.append(_row(f"`orch ps --json` with {n:,} stored runs (whole command)", o, r0,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,3 +75,27 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def orch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a child process, without any ANTHROPIC_* variable."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def write_script(where: Path, data: dict[str, Any], name: str = "script.yaml") -> Path:
+    """A model script next to the project directory (never inside it)."""
+    path = where.parent / name
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -5,18 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from orchestrator.run import RunStatus
 from orchestrator.store import Store
-from tests.support import alive, harness, task_call, tool_results
+from tests.support import alive, harness, orch, task_call, tool_results, write_script
 
 
 def test_background_child_runs_while_parent_works_then_is_collected(project: Path) -> None:
@@ -177,25 +174,6 @@ def test_stalled_background_run_times_out_with_partial_output(project: Path) -> 
 
 
 # -- across processes ---------------------------------------------------------------
-def orch(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _script(where: Path, data: dict[str, Any]) -> Path:
-    path = where.parent / "bg-script.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def _wait_for(pred: Any, timeout: float = 20) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -210,7 +188,7 @@ def test_detached_run_progress_is_visible_from_another_process(project: Path) ->
         {"tool_calls": [{"tool": "bash", "input": {"command": f"sleep 0.4; echo {i}"}}]}
         for i in range(5)
     ]
-    script = _script(project, {"conversations": [{"turns": [*steps, {"text": "BG-FINAL"}]}]})
+    script = write_script(project, {"conversations": [{"turns": [*steps, {"text": "BG-FINAL"}]}]})
     t0 = time.monotonic()
     r = orch(
         "task",
@@ -260,7 +238,7 @@ def test_detached_run_progress_is_visible_from_another_process(project: Path) ->
 
 
 def test_cancel_from_another_terminal_leaves_no_process(project: Path) -> None:
-    script = _script(
+    script = write_script(
         project,
         {
             "conversations": [
@@ -313,7 +291,7 @@ def test_cancel_from_another_terminal_leaves_no_process(project: Path) -> None:
 
 
 def test_sigkill_of_worker_shows_interrupted_and_reaps(project: Path) -> None:
-    script = _script(
+    script = write_script(
         project,
         {
             "conversations": [

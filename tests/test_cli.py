@@ -9,12 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from tests.support import alive
+from tests.support import alive, orch, write_script
 
 RESULT_KEYS = {
     "run_id",
@@ -35,22 +33,6 @@ RESULT_KEYS = {
 }
 
 
-def orch(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.fixture
 def repo(project: Path) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
@@ -61,12 +43,6 @@ def repo(project: Path) -> Path:
         check=True,
     )
     return project
-
-
-def write_script(where: Path, data: dict[str, Any]) -> Path:
-    path = where.parent / "script.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_missing_key_is_one_line_and_exit_2(repo: Path) -> None:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import yaml
 
 from orchestrator.run import RunStatus
 from orchestrator.store import Store
-from tests.support import harness, task_call, tool_results
+from tests.support import harness, orch, task_call, tool_results
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -179,19 +178,6 @@ def test_eight_parallel_worktree_children(repo: Path) -> None:
     assert git(repo, "worktree", "list").count("\n") == 0  # only the user's checkout is left
 
 
-def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_cli_worktree_task_and_sigkill_keeps_the_work(repo: Path) -> None:
     data: dict[str, Any] = {
         "conversations": [
@@ -217,7 +203,7 @@ def test_cli_worktree_task_and_sigkill_keeps_the_work(repo: Path) -> None:
     }
     script = repo.parent / "wt.yaml"
     script.write_text(yaml.safe_dump(data))
-    r = _orch(
+    r = orch(
         "task",
         "write then hang",
         "--isolation",
@@ -241,12 +227,12 @@ def test_cli_worktree_task_and_sigkill_keeps_the_work(repo: Path) -> None:
     assert rec.pid is not None
     os.kill(rec.pid, signal.SIGKILL)
     time.sleep(0.3)
-    rows = json.loads(_orch("ps", "--json", cwd=repo).stdout)
+    rows = json.loads(orch("ps", "--json", cwd=repo).stdout)
     assert next(x for x in rows if x["run_id"] == run_id)["status"] == "interrupted"
     rec = store.require_run(run_id)
     assert rec.error is not None and "kept work on branch" in (rec.error or "")
     branch = rec.workspace["branch"]
     assert git(repo, "show", f"{branch}:wip.txt") == "half done"
     assert git(repo, "status", "--porcelain") == ""
-    listed = json.loads(_orch("worktrees", "list", "--json", cwd=repo).stdout)
+    listed = json.loads(orch("worktrees", "list", "--json", cwd=repo).stdout)
     assert any(w["branch"] == branch for w in listed)

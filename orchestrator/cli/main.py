@@ -27,6 +27,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
+    from ..delegation import Delegator
     from ..models import ModelProvider, ScriptedModel
 
 app = typer.Typer(
@@ -67,6 +68,16 @@ def all_agents_dirs(project: Project, flags: list[Path]) -> list[Path]:
     return [*flags, *(project.root / Path(d).expanduser() for d in project.settings.agents_dirs)]
 
 
+def make_delegator(project: Project, provider: ModelProvider, agents_dirs: list[Path]) -> Delegator:
+    from ..definitions import load_catalog
+    from ..delegation import Delegator
+
+    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
+    return Delegator(
+        settings=project.settings, store=project.store, catalog=catalog, models=provider
+    )
+
+
 def run_tree(
     project: Project,
     prompt: str,
@@ -78,13 +89,7 @@ def run_tree(
     max_turns: int | None,
     timeout: float | None,
 ) -> RunRecord:
-    from ..definitions import load_catalog
-    from ..delegation import Delegator
-
-    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
-    delegator = Delegator(
-        settings=project.settings, store=project.store, catalog=catalog, models=provider
-    )
+    delegator = make_delegator(project, provider, agents_dirs)
 
     async def go() -> RunRecord:
         async with provider:
@@ -114,13 +119,7 @@ def start_background(
     model_spec: str | None,
 ) -> RunRecord:
     """Store the root run as queued and hand it to a detached worker process."""
-    from ..definitions import load_catalog
-    from ..delegation import Delegator
-
-    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
-    delegator = Delegator(
-        settings=project.settings, store=project.store, catalog=catalog, models=provider
-    )
+    delegator = make_delegator(project, provider, agents_dirs)
     if model_spec and model_spec.startswith("scripted:"):
         model_spec = "scripted:" + str(Path(model_spec.removeprefix("scripted:")).resolve())
     record = delegator.prepare_root(

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from ..definitions import load_catalog
-from ..delegation import Delegator
 from ..errors import UsageError
-from ..models import ModelProvider
-from ..team import TEAM_ISOLATIONS, TeamResult, run_team
 from .common import err, handles_errors, open_project, out, print_json
+
+if TYPE_CHECKING:  # the engine is imported when a team runs, keeping other commands fast
+    from ..team import TeamResult
 
 team_app = typer.Typer(
     help="Teams: a writer and a reviewer taking turns on one branch until it is approved.",
@@ -72,6 +71,11 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
+    from ..definitions import load_catalog
+    from ..delegation import Delegator
+    from ..models import ModelProvider
+    from ..team import TEAM_ISOLATIONS, run_team
+
     if isolation not in TEAM_ISOLATIONS:
         raise UsageError(f"--isolation must be worktree or container, not {isolation!r}")
     project = open_project(workdir, model=model)
