@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -371,3 +373,50 @@ def test_store_under_load_loses_nothing(tmp_path: Path) -> None:
         assert rec.last_activity.summary == f"update {n}"
         assert len(store.events(rid)) == n
     assert sum(n for _, n, _ in got) > 1000
+
+
+def test_watch_and_follow_end_with_the_run(project: Path) -> None:
+    steps = [
+        {"tool_calls": [{"tool": "bash", "input": {"command": f"sleep 0.3; echo step{i}"}}]}
+        for i in range(3)
+    ]
+    script = write_script(project, {"conversations": [{"turns": [*steps, {"text": "WATCHED"}]}]})
+    r = orch("task", "x", "--background", "--json", "--model", f"scripted:{script}", cwd=project)
+    run_id = json.loads(r.stdout)["run_id"]
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", run_id, "--follow", "--json"],
+        cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    watch = orch("watch", run_id, "--interval", "0.2", cwd=project, timeout=60)
+    assert watch.returncode == 0, watch.stderr
+    assert run_id in watch.stdout and "succeeded" in watch.stdout
+    out, _ = follow.communicate(timeout=30)
+    assert follow.returncode == 0
+    kinds = [json.loads(line)["kind"] for line in out.splitlines()]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+    assert kinds.count("tool_call") == 3
+    failing = write_script(
+        project,
+        {
+            "conversations": [
+                {
+                    "runs": "*",
+                    "turns": [{"tool_calls": [{"tool": "glob", "input": {"pattern": "*"}}]}] * 3,
+                }
+            ]
+        },
+        "fail.yaml",
+    )
+    r = orch(
+        "task",
+        "y",
+        "--background",
+        "--json",
+        "--max-turns",
+        "1",
+        "--model",
+        f"scripted:{failing}",
+        cwd=project,
+    )
+    bad = json.loads(r.stdout)["run_id"]
+    assert orch("watch", bad, "--interval", "0.2", cwd=project).returncode == 1

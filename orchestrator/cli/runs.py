@@ -71,8 +71,13 @@ def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     table = Table(title=title or None, expand=False, pad_edge=False)
     table.add_column("run", no_wrap=True, min_width=14)
-    for col in ("agent", "status", "isolation", "tools", "tokens", "last activity", "age"):
-        table.add_column(col, overflow="fold" if col == "last activity" else "ellipsis")
+    table.add_column("agent", no_wrap=True, max_width=24)
+    table.add_column("status", no_wrap=True)
+    table.add_column("isolation", no_wrap=True)
+    table.add_column("tools", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("last activity", overflow="fold", ratio=1)
+    table.add_column("age", no_wrap=True)
     for r in rows:
         status = RunStatus(r["status"])
         act = r.get("last_activity") or {}
