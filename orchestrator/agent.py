@@ -49,6 +49,8 @@ class RunContext:
     usage: Usage = field(default_factory=Usage)
     # Texts to hand the model with its next request (background-child notifications).
     notifications: list[str] = field(default_factory=list)
+    # Tool calls (and waits for children) under way: a run busy with them is not stalled.
+    inflight: int = 0
 
     @property
     def run_id(self) -> str:
@@ -60,6 +62,12 @@ class LoopOutcome:
     status: RunStatus
     text: str
     error: str | None = None
+
+
+CONTINUE = (
+    "Your reply was cut off at the output token limit. Continue exactly where it stopped, "
+    "without repeating anything."
+)
 
 
 def cut(text: str, limit: int, where: str = "") -> str:
@@ -94,6 +102,7 @@ class AgentRun:
         self.before_finish = before_finish
         self.messages: list[Message] = []
         self.last_text = ""
+        self.cut_parts: list[str] = []  # a final answer cut at max_tokens, in pieces
 
     def system_prompt(self) -> str:
         ctx = self.ctx
@@ -157,11 +166,18 @@ class AgentRun:
                 self.last_text = response.text
             ctx.store.update_run(ctx.run_id, usage=ctx.usage, summary=self.last_text[:2000])
             calls = response.tool_uses
+            if not calls and response.stop_reason == "max_tokens":
+                # The answer was cut at the output limit: ask for the rest, keep the part.
+                self.cut_parts.append(response.raw_text)
+                self.messages.append({"role": "user", "content": CONTINUE})
+                continue
             if not calls:
                 if self.before_finish is not None and await self.before_finish(ctx):
                     self.messages.append({"role": "user", "content": self._take_notes()})
                     continue
-                return LoopOutcome(RunStatus.SUCCEEDED, response.text)
+                final = "".join(self.cut_parts) + response.text
+                self.cut_parts.clear()
+                return LoopOutcome(RunStatus.SUCCEEDED, final)
             results = await asyncio.gather(*(self._call(c) for c in calls))
             self.messages.append({"role": "user", "content": list(results)})
 
@@ -195,7 +211,11 @@ class AgentRun:
         ctx.store.note_activity(
             ctx.run_id, name, summarize_input(name, args), usage=ctx.usage.model_copy()
         )
-        output = await self._execute(name, args)
+        ctx.inflight += 1
+        try:
+            output = await self._execute(name, args)
+        finally:
+            ctx.inflight -= 1
         self.on_progress()
         output.content = cut(output.content, ctx.settings.tool_output_limit)
         ctx.store.add_event(
@@ -257,8 +277,8 @@ class AgentRun:
             output = ToolOutput(f"{name} did not finish within {limit:g}s; cancelled", True)
         except ToolFailure as e:
             output = ToolOutput(str(e), is_error=True)
-        except (OSError, UnicodeError, ValueError) as e:
-            output = ToolOutput(f"{name} failed: {e}", is_error=True)
+        except Exception as e:  # a tool bug is the model's tool error, not the run's end
+            output = ToolOutput(f"{name} failed: {type(e).__name__}: {e}", is_error=True)
         if ctx.settings.hooks.post_tool_use:
             post = await run_hooks(
                 ctx.settings.hooks.post_tool_use,

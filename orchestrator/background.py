@@ -21,26 +21,23 @@ from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
 from .store import Store, state_dir
-from .workspaces.base import kill_group
+from .workspaces.base import kill_group_ref, process_start
 
 HEARTBEAT_S = 1.0
-
-
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None if it does not exist)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return None  # a zombie has finished
-    return int(fields[19])
+HAVE_PROC = Path("/proc/self/stat").exists()
 
 
 def owner_alive(record: RunRecord) -> bool:
     if record.pid is None:
         return False
+    if not HAVE_PROC:  # no /proc (macOS): the pid alone, without the reuse check
+        try:
+            os.kill(record.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
     started = process_start(record.pid)
     if started is None:
         return False
@@ -93,8 +90,8 @@ def reap(store: Store, run_id: str) -> list[str]:
     for res in store.resources(run_id):
         kind, ref = res["kind"], res["ref"]
         if kind == "pgroup":
-            kill_group(int(ref))
-            done.append(f"killed process group {ref}")
+            if kill_group_ref(ref):
+                done.append(f"killed process group {ref.partition(':')[0]}")
         elif kind == "worktree":
             from .workspaces.worktree import salvage_worktree
 
@@ -120,19 +117,23 @@ def reconcile(store: Store) -> list[RunRecord]:
     for rec in store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING]):
         if owner_alive(rec):
             continue
+        current = store.get_run(rec.run_id)  # the owner may have ended it since the listing
+        if current is None or current.status.ended:
+            continue
         actions = reap(store, rec.run_id)
         error = f"interrupted: owner process {rec.pid} is gone"
         if actions:
             error += " (" + "; ".join(actions) + ")"
-        updated = store.update_run(
+        updated = store.end_if_active(
             rec.run_id,
             status=RunStatus.INTERRUPTED,
             error=error,
-            output=rec.output or rec.summary,
+            output=current.output or current.summary,
             ended_at=now(),
         )
-        store.add_event(rec.run_id, "run_finished", {"status": "interrupted", "error": error})
-        fixed.append(updated)
+        if updated is not None:
+            store.add_event(rec.run_id, "run_finished", {"status": "interrupted", "error": error})
+            fixed.append(updated)
     return fixed
 
 

@@ -289,9 +289,13 @@ class Delegator(RunLifecycle):
         )
         self.jobs[record.run_id] = job
         try:
-            return await job
+            await asyncio.wait({job})
+        except asyncio.CancelledError:
+            await self._cancel_jobs([record.run_id])
+            raise
         finally:
             self.jobs.pop(record.run_id, None)
+        return self._outcome(job, record.run_id)
 
     @contextlib.asynccontextmanager
     async def warm_pool(self, repo: Path) -> AsyncIterator[None]:
@@ -376,7 +380,14 @@ class Delegator(RunLifecycle):
             self._adopt(parent, rid, job)
             return running_json(updated, backgrounded=True)
         self.jobs.pop(rid, None)
-        return format_child_result(job.result(), self.settings.child_output_limit)
+        return format_child_result(self._outcome(job, rid), self.settings.child_output_limit)
+
+    def _outcome(self, job: asyncio.Task[RunRecord], rid: str) -> RunRecord:
+        """A finished child's record; a child cancelled on its own (``orch cancel`` of that
+        child) is a result for its parent, not a reason for the parent to stop too."""
+        if job.cancelled():
+            return self.store.require_run(rid)
+        return job.result()
 
     def _adopt(self, parent: RunContext, rid: str, job: asyncio.Task[RunRecord]) -> None:
         self.background.setdefault(parent.run_id, set()).add(rid)
@@ -431,8 +442,8 @@ class Delegator(RunLifecycle):
         rec = self._own_child(ctx, task_id)
         if rec is None:
             return ToolOutput(f"no task {task_id!r} was started by this agent", is_error=True)
+        self.collected.add(task_id)  # no notification for a stop the parent asked for
         await self._cancel_jobs([task_id])
-        self.collected.add(task_id)
         rec = self.store.require_run(task_id)
         return ToolOutput(json.dumps({"task_id": task_id, "status": rec.status.value}))
 
@@ -450,7 +461,11 @@ class Delegator(RunLifecycle):
             if r in self.jobs and r not in self.collected and not self.jobs[r].done()
         ]
         if pending:
-            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            ctx.inflight += 1  # waiting for its children is not a stall
+            try:
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ctx.inflight -= 1
             await asyncio.sleep(0)  # let the done-callbacks post their notifications
             return True
         hooks = self.settings.hooks.subagent_stop

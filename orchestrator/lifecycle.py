@@ -102,7 +102,6 @@ class RunLifecycle:
         timeout_seconds: float | None,
     ) -> RunRecord:
         store = self.store
-        policy = Policy.for_run(self.settings, record.allowed_tools, record.depth, record.max_depth)
         pid, pid_start = me()
         store.update_run(
             record.run_id, status=RunStatus.RUNNING, started_at=now(), pid=pid, pid_start=pid_start
@@ -117,7 +116,7 @@ class RunLifecycle:
                 "max_depth": record.max_depth,
                 "chain_id": record.chain_id,
                 "parent_run_id": record.parent_run_id,
-                "allowed_tools": sorted(policy.offered_tools()),
+                "allowed_tools": record.allowed_tools,
                 "isolation": record.isolation,
             },
         )
@@ -139,6 +138,9 @@ class RunLifecycle:
         workspace: Workspace | None = None
         artifacts: list[dict[str, Any]] = []
         try:
+            policy = Policy.for_run(
+                self.settings, record.allowed_tools, record.depth, record.max_depth
+            )
             workspace = open_workspace(record.isolation, spec)
             async with workspace as ws:
                 ctx = RunContext(
@@ -168,6 +170,11 @@ class RunLifecycle:
                     outcome = LoopOutcome(RunStatus.CANCELLED, loop.last_text, "cancelled")
                     raise
                 finally:
+                    # Background children end before the workspace closes, so what they
+                    # wrote is in the commit of a worktree, not lost after it.
+                    await asyncio.shield(
+                        self._cancel_jobs(list(self.background.pop(record.run_id, ())))
+                    )
                     ws.set_outcome(
                         RunOutcome(status=outcome.status.value, description=record.description)
                     )
@@ -180,6 +187,8 @@ class RunLifecycle:
             raise
         except OrchError as e:
             outcome = LoopOutcome(RunStatus.FAILED, outcome.text, str(e))
+        except Exception as e:  # never leave a run `running` behind a crash of ours
+            outcome = LoopOutcome(RunStatus.FAILED, outcome.text, f"{type(e).__name__}: {e}")
         finally:
             self._progress.pop(record.run_id, None)
         return self._finish(record, ctx, outcome, artifacts)
@@ -202,7 +211,7 @@ class RunLifecycle:
                 return LoopOutcome(RunStatus.FAILED, "", f"SubagentStart hook: {started.message}")
         stall = asyncio.timeout(None)
         stalled: list[bool] = []
-        watchdog = asyncio.create_task(self._watch_stall(record.run_id, stall, stalled))
+        watchdog = asyncio.create_task(self._watch_stall(ctx, stall, stalled))
         try:
             async with asyncio.timeout(timeout_seconds), stall:
                 return await loop.run(record.prompt)
@@ -220,14 +229,24 @@ class RunLifecycle:
         finally:
             watchdog.cancel()
 
-    async def _watch_stall(self, run_id: str, stall: asyncio.Timeout, stalled: list[bool]) -> None:
-        """A background run with no progress for ``stall_timeout`` ends as timed_out."""
+    async def _watch_stall(
+        self, ctx: RunContext, stall: asyncio.Timeout, stalled: list[bool]
+    ) -> None:
+        """A background run with no progress for ``stall_timeout`` ends as timed_out.
+
+        Progress is a model reply or a finished tool call; a run with a tool call (or a
+        wait for its children) under way is busy, not stalled: those have their own limits.
+        """
         limit = self.settings.stall_timeout
         if limit <= 0:
             return
+        run_id = ctx.run_id
         self._progress[run_id] = time.monotonic()
         while True:
             await asyncio.sleep(min(limit / 4, 5.0))
+            if ctx.inflight > 0:
+                self._progress[run_id] = time.monotonic()
+                continue
             rec_bg = self.store.get_run(run_id)
             idle = time.monotonic() - self._progress.get(run_id, time.monotonic())
             if rec_bg is not None and rec_bg.background and idle > limit:

@@ -169,6 +169,21 @@ class Store:
             self._save(db, record)
             return record
 
+    def end_if_active(self, run_id: str, **fields: Any) -> RunRecord | None:
+        """Set an ending on a run still queued or running, in one transaction.
+
+        For those who end a run they do not own (reconcile, a forced cancel): if the
+        owner finished it meanwhile, its own ending stands and None is returned.
+        """
+        with self._tx() as db:
+            record = self._load(db, run_id)
+            if record is None or record.status.ended:
+                return None
+            for key, value in fields.items():
+                setattr(record, key, value)
+            self._save(db, record)
+            return record
+
     def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
         """Progress write for one tool call: last/recent activity plus counters."""
         with self._tx() as db:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,13 @@ def write_script(where: Path, data: dict[str, Any], name: str = "script.yaml") -
     path = where.parent / name
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def gone(pid: int, timeout: float = 5.0) -> bool:
+    """True once pid has stopped running (a SIGKILLed process takes a moment to exit)."""
+    end = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.run import RunStatus
 from orchestrator.store import Store
-from tests.support import alive, harness, orch, task_call, tool_results, write_script
+from tests.support import alive, gone, harness, orch, task_call, tool_results, write_script
 
 
 def test_background_child_runs_while_parent_works_then_is_collected(project: Path) -> None:
@@ -141,7 +141,7 @@ def test_task_stop_cancels_child_and_descendants(project: Path) -> None:
     assert root.status == RunStatus.SUCCEEDED, root.error
     statuses = {r.depth: r.status for r in h.runs(root.chain_id)}
     assert statuses == {0: RunStatus.SUCCEEDED, 1: RunStatus.CANCELLED, 2: RunStatus.CANCELLED}
-    assert not alive(int((project / "gc.pid").read_text()))
+    assert gone(int((project / "gc.pid").read_text()))
 
 
 def test_stalled_background_run_times_out_with_partial_output(project: Path) -> None:
@@ -160,9 +160,9 @@ def test_stalled_background_run_times_out_with_partial_output(project: Path) -> 
                 "turns": [
                     {
                         "text": "PARTIAL-BEFORE-STALL",
-                        "tool_calls": [{"tool": "bash", "input": {"command": "sleep 30"}}],
+                        "tool_calls": [{"tool": "glob", "input": {"pattern": "*"}}],
                     },
-                    {"text": "never"},
+                    {"text": "never", "latency_s": 30},  # the model hangs: no progress
                 ],
             },
         ]
@@ -173,6 +173,48 @@ def test_stalled_background_run_times_out_with_partial_output(project: Path) -> 
     assert child.status == RunStatus.TIMED_OUT
     assert child.error == "stalled: no progress for 0.6s"
     assert child.output == "PARTIAL-BEFORE-STALL"
+
+
+def test_busy_background_runs_are_not_stalled(project: Path) -> None:
+    """A long command, or waiting for its own children, is work, not a stall."""
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("busy", run_in_background=True)]},
+                    {"text": "waiting"},
+                    {"expect_result": "succeeded", "text": "done"},
+                ],
+            },
+            {
+                "depth": 1,
+                "turns": [
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "sleep 1.5"}}]},
+                    {"tool_calls": [task_call("grandchild", run_in_background=True)]},
+                    {"text": "child waits for its grandchild"},
+                    {"text": "CHILD-DONE"},
+                ],
+            },
+            {
+                "depth": 2,
+                "turns": [
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "sleep 0.4"}}]},
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "sleep 0.4"}}]},
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "sleep 0.4"}}]},
+                    {"text": "GRANDCHILD-DONE"},
+                ],
+            },
+        ]
+    }
+    h = harness(project, script, stall_timeout=0.6)
+    root = h.run()
+    runs = {r.depth: r for r in h.runs(root.chain_id)}
+    assert {d: r.status for d, r in runs.items()} == {
+        0: RunStatus.SUCCEEDED,
+        1: RunStatus.SUCCEEDED,
+        2: RunStatus.SUCCEEDED,
+    }, {d: r.error for d, r in runs.items()}
 
 
 # -- across processes ---------------------------------------------------------------
@@ -284,7 +326,7 @@ def test_cancel_from_another_terminal_leaves_no_process(project: Path) -> None:
     assert c.returncode == 0, c.stderr
     assert {x["status"] for x in json.loads(c.stdout)} == {"cancelled"}
     for p in pids:
-        assert not alive(int(p.read_text()))
+        assert gone(int(p.read_text()))
     runs = Store.for_project(project).list_runs()
     assert len(runs) == 2 and {x.status for x in runs} == {RunStatus.CANCELLED}
     worker_pid = runs[0].pid
@@ -323,7 +365,7 @@ def test_sigkill_of_worker_shows_interrupted_and_reaps(project: Path) -> None:
     row = next(x for x in rows if x["run_id"] == run_id)
     assert row["status"] == "interrupted"
     assert "PARTIAL-WORK" in row["summary"]
-    assert not alive(int(pidfile.read_text()))  # its process group was reaped
+    assert gone(int(pidfile.read_text()))  # its process group was reaped
     rec = Store.for_project(project).require_run(run_id)
     assert rec.error is not None and "killed process group" in rec.error
 

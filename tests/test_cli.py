@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import alive, orch, write_script
+from tests.support import gone, orch, write_script
 
 RESULT_KEYS = {
     "run_id",
@@ -239,7 +239,7 @@ def test_ctrl_c_cancels_the_whole_tree(repo: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert not alive(int(pidfile.read_text()))
+    assert gone(int(pidfile.read_text()))
     from orchestrator.store import Store
 
     statuses = {r.status.value for r in Store.for_project(repo).list_runs()}

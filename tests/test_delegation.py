@@ -6,8 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from orchestrator.run import RunStatus
-from tests.support import alive, harness, task_call, tool_results
+from orchestrator.run import RunRecord, RunStatus
+from tests.support import gone, harness, task_call, tool_results
 
 
 def _child_result_text(h_requests: list[object]) -> str:
@@ -429,5 +429,40 @@ def test_cancel_reaches_every_descendant(project: Path) -> None:
     runs = h.store.list_runs()
     assert len(runs) == 3
     assert {r.status for r in runs} == {RunStatus.CANCELLED}
-    assert not alive(pid)
+    assert gone(pid)
     assert h.store.resources() == []
+
+
+def test_cancelling_one_child_leaves_its_parent_running(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("sleeper")]},
+                    {"expect_result": "cancelled", "text": "parent went on"},
+                ],
+            },
+            {
+                "depth": 1,
+                "turns": [
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "touch up; sleep 60"}}]},
+                    {"text": "never"},
+                ],
+            },
+        ]
+    }
+    h = harness(project, script)
+
+    async def main() -> RunRecord:
+        job = asyncio.create_task(h.delegator.run_root("go", workdir=project))
+        while not (project / "up").exists():  # noqa: ASYNC110 - a file from another process
+            await asyncio.sleep(0.05)
+        (child_id,) = [r for r in h.delegator.jobs if h.store.require_run(r).depth == 1]
+        h.delegator.jobs[child_id].cancel()  # as `orch cancel <child>` does through the store
+        return await job
+
+    root = asyncio.run(main())
+    assert root.status == RunStatus.SUCCEEDED and root.output == "parent went on"
+    (child,) = h.store.children(root.run_id)
+    assert child.status == RunStatus.CANCELLED

@@ -125,22 +125,42 @@ class Hang(Tool):
         return ToolOutput("unreachable")
 
 
+def test_a_tool_that_raises_is_a_tool_error_and_the_loop_goes_on(project: Path) -> None:
+    script = {"conversations": [{"turns": [
+        {"tool_calls": [{"tool": "explode"}, {"tool": "glob", "input": {"pattern": "*"}}]},
+        {"expect_result": "explode failed: RuntimeError: tool bug", "text": "recovered"},
+    ]}]}
+    h = harness(project, script)
+    h.delegator.tools.add(Explode())
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED and root.output == "recovered"
+    bad, glob = tool_results(h.requests_of(root.run_id)[1])
+    assert bad["is_error"] and "pyproject.toml" in glob["content"]
+
+
 def test_a_child_that_raises_fails_alone(project: Path) -> None:
     script = {"conversations": [
         {"depth": 0, "turns": [
             {"tool_calls": [task_call("bad"), task_call("good")]},
             {"text": "parent carries on"},
         ]},
-        {"prompt": "bad", "turns": [{"text": "PARTIAL", "tool_calls": [{"tool": "explode"}]},
+        {"prompt": "bad", "turns": [{"text": "PARTIAL", "tool_calls": [{"tool": "glob"}]},
                                     {"text": "never"}]},
         {"prompt": "good", "turns": [{"text": "fine"}]},
     ]}
     h = harness(project, script)
-    h.delegator.tools.add(Explode())
+    original = h.model.complete
+
+    async def flaky(request: Any) -> Any:
+        if request.depth == 1 and len(request.messages) > 1 and "bad" in str(request.messages[0]):
+            raise RuntimeError("model layer bug")
+        return await original(request)
+
+    h.model.complete = flaky  # type: ignore[method-assign]
     root = h.run()
     assert root.status == RunStatus.SUCCEEDED
     bad, good = tool_results(h.requests_of(root.run_id)[-1])
-    assert bad["is_error"] and "RuntimeError: tool bug" in bad["content"]
+    assert bad["is_error"] and "RuntimeError: model layer bug" in bad["content"]
     assert "PARTIAL" in bad["content"]
     assert "fine" in good["content"] and not good.get("is_error")
 

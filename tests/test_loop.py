@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.run import RunStatus
-from tests.support import alive, harness, tool_results
+from tests.support import gone, harness, tool_results
 
 
 def test_tool_calls_of_one_response_run_concurrently_in_call_order(project: Path) -> None:
@@ -196,7 +196,7 @@ def test_bash_timeout_kills_the_process_group(project: Path) -> None:
     h = harness(project, script)
     assert h.run().status == RunStatus.SUCCEEDED
     pid = int((project / "bg.pid").read_text())
-    assert not alive(pid)
+    assert gone(pid)
 
 
 def test_bash_env_has_no_secrets(project: Path, monkeypatch: object) -> None:
@@ -220,3 +220,55 @@ def test_bash_env_has_no_secrets(project: Path, monkeypatch: object) -> None:
     out = tool_results(h.requests_of(root.run_id)[1])[0]["content"]
     assert "PATH=" in out
     assert "should-not-leak" not in out
+
+
+def test_an_answer_cut_at_max_tokens_is_continued(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {"text": "The first half, ", "stop_reason": "max_tokens"},
+                    {
+                        "expect_result": "cut off at the output token limit",
+                        "text": "and the second half.",
+                    },
+                ]
+            }
+        ]
+    }
+    h = harness(project, script)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED
+    assert root.output == "The first half, and the second half."
+    assert root.usage.turns == 2
+
+
+def test_a_command_leaving_a_background_process_returns_at_once(project: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {
+                        "tool_calls": [
+                            {
+                                "tool": "bash",
+                                "input": {
+                                    "command": "sleep 30 & echo $! > bg.pid; echo started",
+                                    "timeout_s": 20,
+                                },
+                            }
+                        ]
+                    },
+                    {"expect_result": r"started\s+\[exit code 0\]", "text": "ok"},
+                ]
+            }
+        ]
+    }
+    h = harness(project, script)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    finished = [e for e in h.store.events(root.run_id) if e["kind"] == "tool_result"][0]
+    started = [e for e in h.store.events(root.run_id) if e["kind"] == "tool_call"][0]
+    assert finished["at"] - started["at"] < 5  # not the 20 s timeout
+    pid = int((project / "bg.pid").read_text())
+    assert gone(pid)  # and the leftover is stopped

@@ -74,3 +74,30 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
         rec = store.require_run(rid)
         assert rec.last_activity is not None and rec.last_activity.summary == "step 99"
         assert len(rec.recent_activities) == 5
+
+
+def test_an_ending_is_never_overwritten_by_someone_else(tmp_path: Path) -> None:
+    store = Store.for_project(tmp_path)
+    store.create_run(RunRecord(run_id="r-done", chain_id="c", status=RunStatus.SUCCEEDED))
+    assert store.end_if_active("r-done", status=RunStatus.INTERRUPTED) is None
+    assert store.require_run("r-done").status == RunStatus.SUCCEEDED
+    store.create_run(RunRecord(run_id="r-live", chain_id="c", status=RunStatus.RUNNING))
+    ended = store.end_if_active("r-live", status=RunStatus.INTERRUPTED)
+    assert ended is not None and ended.status == RunStatus.INTERRUPTED
+
+
+def test_reaping_never_kills_a_stranger_that_reuses_a_group_id() -> None:
+    from orchestrator.workspaces.base import group_ref, kill_group_ref, process_start
+
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        start = process_start(stranger.pid)
+        assert start is not None
+        stale = f"{stranger.pid}:{start - 100}"  # what a crashed run registered long ago
+        assert kill_group_ref(stale) == 0
+        assert stranger.poll() is None
+        assert kill_group_ref(group_ref(stranger.pid)) == 1  # its own registration kills it
+        assert stranger.wait(5) == -9
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -55,6 +56,12 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise fail(str(e), e.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
+        except sqlite3.Error as e:
+            msg = f"the run store cannot be used ({e}); check .orch/orch.db or ORCH_HOME"
+            raise fail(msg) from None
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise fail(f"{e.strerror or e}{where}; check the path and its permissions") from None
 
     return wrapper
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -11,9 +12,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..background import process_start, reconcile, spawn_worker
+from ..background import reconcile, spawn_worker
 from ..errors import UsageError
 from ..run import RunRecord, RunResult, RunStatus
+from ..workspaces.base import process_start
 from .common import (
     Project,
     chain_tree,
@@ -61,6 +63,10 @@ def _register_subapps() -> None:
     )
 
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
+
+
+def is_git_repo(path: Path) -> bool:
+    return (path / ".git").exists()
 
 
 def all_agents_dirs(project: Project, flags: list[Path]) -> list[Path]:
@@ -178,8 +184,12 @@ def task(
         str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
     ] = None,
     max_depth: Annotated[int | None, typer.Option(help="Delegation depth limit.")] = None,
-    max_turns: Annotated[int | None, typer.Option(help="Turns before the run fails.")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Seconds before the run times out.")] = None,
+    max_turns: Annotated[
+        int | None, typer.Option(min=1, help="Turns before the run fails.")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Seconds before the run times out.")
+    ] = None,
     agents_dir: Annotated[
         list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
     ] = None,
@@ -191,9 +201,16 @@ def task(
         raise UsageError("the prompt is empty; say what the agent should do")
     if isolation is not None and isolation not in ("shared", "worktree", "container"):
         raise UsageError(f"unknown isolation {isolation!r}; choose shared, worktree or container")
+    if timeout is not None and not math.isfinite(timeout):
+        raise UsageError("--timeout must be a number of seconds greater than 0")
     from ..models import ModelProvider
 
     project = open_project(workdir, max_depth=max_depth, model=model)
+    if isolation in ("worktree", "container") and not is_git_repo(project.root):
+        raise UsageError(
+            f"--isolation {isolation} needs a git repository: run inside one "
+            "(or `git init` and commit), or use --isolation shared"
+        )
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
     if background:

@@ -12,6 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..background import owner_alive, reap, reconcile
+from ..errors import OrchError
 from ..run import EXIT_CODES, RunRecord, RunStatus, now
 from ..store import Store
 from .common import STATUS_STYLE, age, find_run, handles_errors, open_project, out, print_json
@@ -167,21 +168,31 @@ def cancel(
         live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
         if live:
             time.sleep(0.1)
-    for r in live:  # the owner did not answer in time
-        _force_cancel(store, r, f"owner did not stop it within {wait:g}s")
     final = [store.require_run(r.run_id) for r in tree]
     if as_json:
         print_json([{"run_id": r.run_id, "status": r.status.value} for r in final])
-        return
-    for r in final:
-        out.print(f"{r.run_id} {r.agent} [{STATUS_STYLE.get(r.status, '')}]{r.status.value}[/]")
+    else:
+        for r in final:
+            style = STATUS_STYLE.get(r.status, "")
+            out.print(f"{r.run_id} {r.agent} [{style}]{r.status.value}[/]")
+    stuck = [r for r in final if not r.status.ended]
+    if stuck:  # a live owner's resources are never taken from under it
+        pids = ", ".join(sorted({str(r.pid) for r in stuck}))
+        raise OrchError(
+            f"{len(stuck)} run(s) still running: their owner (pid {pids}) did not stop them "
+            f"within {wait:g}s; run `orch cancel` again or stop that process"
+        )
 
 
 def _force_cancel(store: Store, record: RunRecord, why: str) -> None:
+    """Cancel a run whose owner is gone: reap what it left, unless it ended meanwhile."""
+    current = store.get_run(record.run_id)
+    if current is None or current.status.ended or owner_alive(current):
+        return
     actions = reap(store, record.run_id)
     error = f"cancelled ({why})" + (": " + "; ".join(actions) if actions else "")
-    store.update_run(record.run_id, status=RunStatus.CANCELLED, error=error, ended_at=now())
-    store.add_event(record.run_id, "run_finished", {"status": "cancelled", "error": error})
+    if store.end_if_active(record.run_id, status=RunStatus.CANCELLED, error=error, ended_at=now()):
+        store.add_event(record.run_id, "run_finished", {"status": "cancelled", "error": error})
 
 
 def worker(

@@ -44,6 +44,11 @@ class ModelResponse:
         return [b for b in self.content if b.get("type") == "tool_use"]
 
     @property
+    def raw_text(self) -> str:
+        """The text blocks as sent, unstripped (for joining the pieces of a cut answer)."""
+        return "".join(b["text"] for b in self.content if b.get("type") == "text")
+
+    @property
     def text(self) -> str:
         return "\n".join(b["text"] for b in self.content if b.get("type") == "text").strip()
 

@@ -59,6 +59,7 @@ class ScriptTurn(BaseModel):
     tool_calls: list[ScriptToolCall] = Field(default_factory=list)
     expect_result: str | None = None
     latency_s: float | None = None
+    stop_reason: Literal["end_turn", "max_tokens", "tool_use"] | None = None
 
 
 class Conversation(BaseModel):
@@ -219,7 +220,7 @@ class ScriptedModel:
             input_tokens=estimate_tokens([request.system, request.messages, request.tools]),
             output_tokens=estimate_tokens(content),
         )
-        stop = "tool_use" if turn.tool_calls else "end_turn"
+        stop = turn.stop_reason or ("tool_use" if turn.tool_calls else "end_turn")
         return ModelResponse(content=content, stop_reason=stop, usage=usage)
 
     def problems(self) -> list[str]:

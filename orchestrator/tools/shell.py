@@ -28,7 +28,8 @@ class BashTool(Tool):
     name = "bash"
     description = (
         "Run a bash command in the workspace root and return its combined stdout/stderr and "
-        "exit code. The whole process group is killed at the timeout. No interactive input."
+        "exit code. The whole process group is killed at the timeout; processes left in the "
+        "background are stopped when the command returns. No interactive input."
     )
     input_model = BashInput
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained and dropped
+MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
+OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive
+  # bytes of output kept per command; the rest is drained and dropped
 
 
 @dataclass
@@ -96,6 +98,85 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (None if gone or a zombie)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def group_ref(pgid: int) -> str:
+    """How a process group is registered: its id and its leader's start time."""
+    return f"{pgid}:{process_start(pgid) or 0}"
+
+
+def kill_group_ref(ref: str) -> int:
+    """Kill a registered group after a crash, never a stranger that reuses its id.
+
+    While the leader lives, its start time must match the recorded one; once it is
+    gone, only members of that group started no earlier than the recorded leader are
+    killed. Returns how many processes were signalled.
+    """
+    pgid_text, _, start_text = ref.partition(":")
+    pgid, start = int(pgid_text), int(start_text or 0)
+    if not start:
+        kill_group(pgid)
+        return 1
+    leader = process_start(pgid)
+    if leader is not None and leader != start:
+        return 0  # the id now leads another group
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(entry.name)
+        if fields is None or int(fields[2]) != pgid or int(fields[19]) < start:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
+    """A task that ends when the process exits, even while its pipes stay open.
+
+    (``Process.wait`` also waits for the pipes, which a leftover background child
+    can hold open for ever.) A pidfd says it at once; without one, poll.
+    """
+
+    async def watch() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            while proc.returncode is None:  # noqa: ASYNC110 - no event to wait on without a pidfd
+                await asyncio.sleep(0.02)
+            return
+        done: asyncio.Future[None] = loop.create_future()
+        def readable() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    return asyncio.create_task(watch())
+
+
 async def run_process(
     argv: Sequence[str],
     *,
@@ -116,7 +197,8 @@ async def run_process(
         start_new_session=True,
     )
     pgid = proc.pid  # start_new_session: the child leads its own group
-    sink.register_resource(run_id, "pgroup", str(pgid))
+    ref = group_ref(pgid)
+    sink.register_resource(run_id, "pgroup", ref)
     chunks: list[bytes] = []
     kept = 0
     dropped = 0
@@ -134,11 +216,18 @@ async def run_process(
                 dropped += len(data)
 
     timed_out = False
+    reader = asyncio.create_task(pump())
+    exited = _exit_signal(proc)
     try:
         try:
             async with asyncio.timeout(timeout_s):
-                await pump()
-                await proc.wait()
+                await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
+                if not exited.done():  # its output is closed but it works on
+                    await proc.wait()
+                elif not reader.done():
+                    # Done, but something it left in the background holds the pipe open:
+                    # give the output a moment; the group is stopped below.
+                    await asyncio.wait({reader}, timeout=OUTPUT_GRACE_S)
         except TimeoutError:
             timed_out = True
     finally:
@@ -148,7 +237,13 @@ async def run_process(
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await asyncio.shield(proc.wait())
-        sink.release_resource(run_id, "pgroup", str(pgid))
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(reader), 1.0)
+        for task in (reader, exited):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        sink.release_resource(run_id, "pgroup", ref)
     output = b"".join(chunks).decode("utf-8", errors="replace")
     return ProcessResult(
         exit_code=None if timed_out else proc.returncode,

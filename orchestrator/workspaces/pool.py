@@ -130,7 +130,7 @@ def sandbox_user(cfg: SandboxSettings) -> tuple[int, int]:
 
 
 def process_start(pid: int) -> int | None:
-    from ..background import process_start
+    from .base import process_start
 
     return process_start(pid)
 
