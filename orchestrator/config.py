@@ -8,11 +8,19 @@ command-line flags. Unknown keys are an error, so a typo never goes unnoticed.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import UsageError
 
@@ -20,30 +28,59 @@ Isolation = Literal["shared", "worktree", "container"]
 ISOLATIONS: tuple[str, ...] = ("shared", "worktree", "container")
 
 
+def _valid_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a valid regular expression ({e})") from None
+    return pattern
+
+
+# Token-level checks built into orch (policy.BUILTIN_CHECKS), named by a DenyRule's ``check``.
+BuiltinCheck = Literal["rm_dangerous", "git_push_force", "git_reset_hard", "git_clean_force"]
+
+
 class DenyRule(BaseModel):
+    """One entry of ``bash_deny``: a regex (``pattern``) or a built-in token check (``check``).
+
+    ``pattern`` is searched in each simple command and pipeline of a bash line,
+    normalised to single spaces with wrappers and shell keywords stripped;
+    ``check`` names a check that reads the command's words (``rm`` flags and
+    targets, ``git`` options and their abbreviations), which a regex does badly.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
-    pattern: str  # regex, searched in each simple command of a bash line
+    pattern: str | None = None
+    check: BuiltinCheck | None = None
     reason: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        return None if v is None else _valid_regex(v)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> DenyRule:
+        if (self.pattern is None) == (self.check is None):
+            raise ValueError("a bash_deny rule needs exactly one of 'pattern' and 'check'")
+        return self
 
 
 DEFAULT_DENY: list[DenyRule] = [
     DenyRule(
-        pattern=r"^(sudo\s+)?rm\s+(-[a-zA-Z]*\s+)*-[a-zA-Z]*[rR][a-zA-Z]*\s+(-[a-zA-Z]+\s+)*(/|~|\$HOME|/\*|\.\.?/?)(\s|$)",
-        reason="recursive delete of /, ~, . or ..",
+        check="rm_dangerous",
+        reason="recursive delete of /, a system directory, ~, ., .. or .git",
     ),
     DenyRule(pattern=r"^(sudo\s+)?mkfs(\.|\s|$)", reason="formats a filesystem"),
     DenyRule(pattern=r"^(sudo\s+)?dd\s+.*\bof=/dev/", reason="writes a raw device"),
     DenyRule(
         pattern=r"^(sudo\s+)?(shutdown|reboot|halt|poweroff)(\s|$)", reason="stops the machine"
     ),
-    DenyRule(pattern=r"^sudo(\s|$)", reason="privilege escalation"),
-    DenyRule(
-        pattern=r"^git\s+(.*\s)?push\s+(.*\s)?(-f|--force)",
-        reason="force push rewrites shared history",
-    ),
-    DenyRule(pattern=r"^git\s+(.*\s)?reset\s+(.*\s)?--hard", reason="discards uncommitted work"),
-    DenyRule(pattern=r"^git\s+(.*\s)?clean\s+(.*\s)?-[a-zA-Z]*f", reason="deletes untracked files"),
+    DenyRule(pattern=r"^(sudo|doas)(\s|$)", reason="privilege escalation"),
+    DenyRule(check="git_push_force", reason="force push rewrites shared history"),
+    DenyRule(check="git_reset_hard", reason="discards uncommitted work"),
+    DenyRule(check="git_clean_force", reason="deletes untracked files"),
     DenyRule(
         pattern=r"^git\s+(.*\s)?(-c\s*\S*(core\.|alias\.|credential\.|include\.)|--config-env|-c\s*\S*=)",
         reason="git config injection (-c / --config-env) can run arbitrary commands",
@@ -57,13 +94,26 @@ DEFAULT_DENY: list[DenyRule] = [
     ),
 ]
 
+# Matched case-insensitively against each variable name. Deliberately not ``*AUTH*``
+# (GIT_AUTHOR_NAME), ``*PWD*`` (PWD, OLDPWD) or ``*SESSION*`` (XDG_SESSION_TYPE,
+# DBUS_SESSION_BUS_ADDRESS): those are ordinary; ``extra_secret_env`` adds more.
 DEFAULT_SECRET_PATTERNS: list[str] = [
     "*KEY*",
     "*TOKEN*",
     "*SECRET*",
-    "*PASSWORD*",
-    "*PASSWD*",
+    "*PASS*",  # PASSWORD, PASSWD, DB_PASS, SMTP_PASS, PASSPHRASE
+    "*_PWD",  # MYSQL_PWD
+    "*_PAT",  # GH_PAT (personal access tokens)
     "*CREDENTIAL*",
+    "*AUTHORIZATION*",
+    "*_AUTH",  # NPM_AUTH, NPM_CONFIG__AUTH
+    "*_AUTH_*",  # SSH_AUTH_SOCK (the user's ssh agent)
+    "*COOKIE*",
+    "*DSN*",  # SENTRY_DSN and database DSNs
+    "*DATABASE_URL*",
+    "REDIS_URL",
+    "MONGO*_URI",
+    "MONGO*_URL",
     "ANTHROPIC_*",
     "AWS_*",
 ]
@@ -75,6 +125,11 @@ class HookCommand(BaseModel):
     command: str
     matcher: str = ".*"  # regex on the tool name (or agent name for Subagent* events)
     timeout_s: float = 30.0
+
+    @field_validator("matcher")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        return _valid_regex(v)
 
 
 class Hooks(BaseModel):
@@ -140,6 +195,7 @@ class Settings(BaseModel):
     tool_output_limit: int = 50_000
     child_output_limit: int = 32_000
     bash_deny: list[DenyRule] = Field(default_factory=lambda: list(DEFAULT_DENY))
+    extra_bash_deny: list[DenyRule] = Field(default_factory=list)  # added to bash_deny
     secret_env_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS))
     extra_secret_env: list[str] = Field(default_factory=list)
     hooks: Hooks = Field(default_factory=Hooks)

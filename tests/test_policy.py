@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,344 @@ def test_pre_tool_hook_blocks_with_exit_2(tmp_path: Path) -> None:
         )
     )
     assert not other_tool.blocked
+
+
+def _refused(line: str, settings: Settings | None = None) -> bool:
+    policy = Policy.for_run(settings or Settings(), ["bash"], 0, 3)
+    decision = policy.check_call("bash", {"command": line})
+    return not decision.allowed and "refused" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "if true; then rm -rf /; fi",
+        "if rm -rf /; then :; fi",
+        "if false; then :; elif true; then rm -rf /; fi",
+        "if false; then :; else rm -rf /; fi",
+        "for x in 1; do rm -rf /; done",
+        "while true; do rm -rf /; done",
+        "until false; do rm -rf /; done",
+        "! rm -rf /",
+        "{ rm -rf /; }",
+        "(rm -rf /)",
+        "time rm -rf /",
+        "case x in x) rm -rf /;; esac",
+        "f() { rm -rf /; }; f",
+        "function f { rm -rf /; }",
+        "echo $( (rm -rf /) )",
+        "cat <(rm -rf /)",
+        "setsid rm -rf /",
+        "coproc rm -rf /",
+        "if true; then git push -f origin main; fi",
+    ],
+)
+def test_deny_list_sees_through_shell_keywords(line: str) -> None:
+    assert _refused(line), line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "rm -rf ~/",
+        "rm -rf ~",
+        "rm -rf ~/*",
+        "rm -rf $HOME/",
+        "rm -rf $HOME",
+        "rm -rf ${HOME}",
+        'rm -rf "$HOME"/*',
+        "rm -rf -- /",
+        "rm -rf --no-preserve-root /",
+        "rm -r --no-preserve-root /",
+        "rm --recursive --force /",
+        "rm --recur -f /",
+        "rm -r -f /",
+        "rm -R /",
+        "rm -rfv /",
+        "rm -rf ../..",
+        "rm -rf ../../",
+        "rm -rf ..",
+        "rm -rf .",
+        "rm -rf ./",
+        "rm -rf ./*",
+        "rm -rf *",
+        "rm -rf /*",
+        "rm -rf //",
+        "rm -rf /usr",
+        "rm -rf /etc/",
+        "rm -rf build/../..",
+        "rm -rf build /",
+        "\\rm -rf /",
+        "'rm' -rf /",
+    ],
+)
+def test_deny_list_catches_rm_spellings(line: str) -> None:
+    assert _refused(line), line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "git push -uf origin main",
+        "git push -fu origin main",
+        "git push origin +main",
+        "git push origin +HEAD:main",
+        "git push --force-with-lease",
+        "git push --force-if-includes --force-with-lease origin main",
+        "git push --forc origin main",
+        "git -C . push -f",
+        "git --no-pager push --force",
+        "git reset --har",
+        "git reset --hard",
+        "git reset --ha HEAD~1",
+        "git clean --force -d",
+        "git clean --fo -d",
+        "git clean -xdf",
+        "git clean -f",
+    ],
+)
+def test_deny_list_catches_git_abbreviations_and_plus_refs(line: str) -> None:
+    assert _refused(line), line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "git push origin feature",
+        "git push -u origin feature",
+        "git push --follow-tags origin feature",
+        "git push origin main:main",
+        "git reset --soft HEAD~1",
+        "git reset HEAD file.py",
+        "git clean -n",
+        "git clean -nd",
+        "git commit -m 'push -f (later)'",
+        "rm -rf ./build",
+        "rm -rf build dist",
+        "rm -rf ~/.cache/pip",
+        "rm -rf $HOME/.cache/orch",
+        "rm -rf /tmp/orch-test",
+        "rm -r src/*.pyc",
+        "rm -f /tmp/x",
+        "rm -rf -- -weird-name",
+        "rm '*'",
+        "for f in *.py; do echo $f; done",
+        "if [ -d build ]; then rm -rf build; fi",
+        "time python -m pytest -q",
+        "echo '{ a }' && echo ${HOME}",
+    ],
+)
+def test_deny_list_still_allows_ordinary_commands(line: str) -> None:
+    assert not _refused(line), line
+
+
+def test_builtin_checks_are_deny_rules_and_replaceable() -> None:
+    from orchestrator.config import DEFAULT_DENY, DenyRule
+
+    only_rm = [r for r in DEFAULT_DENY if r.check == "rm_dangerous"]
+    assert only_rm and only_rm[0].pattern is None
+    settings = Settings(bash_deny=only_rm)
+    assert _refused("if true; then rm -rf ~/; fi", settings)
+    assert not _refused("git push -f", settings)
+    assert not _refused("rm -rf /", Settings(bash_deny=[]))
+    with pytest.raises(ValueError, match="exactly one"):
+        DenyRule(reason="neither pattern nor check")
+    with pytest.raises(ValueError):
+        DenyRule.model_validate({"check": "no_such_check", "reason": "x"})
+
+
+@pytest.mark.parametrize(
+    "toml",
+    [
+        "[[bash_deny]]\npattern = '^rm ('\nreason = 'x'\n",
+        "[[hooks.PreToolUse]]\nmatcher = '[bash'\ncommand = 'true'\n",
+    ],
+)
+def test_bad_regex_in_config_is_a_usage_error(tmp_path: Path, toml: str) -> None:
+    from orchestrator.config import load_settings
+    from orchestrator.errors import UsageError
+    from tests.support import orch
+
+    (tmp_path / "orch.toml").write_text(toml)
+    with pytest.raises(UsageError, match="not a valid regular expression") as info:
+        load_settings(tmp_path)
+    assert "\n" not in str(info.value)
+    result = orch("agents", "list", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "regular expression" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_more_secret_names_are_scrubbed_ordinary_variables_stay() -> None:
+    secrets = [
+        "SSH_AUTH_SOCK",
+        "DB_PASS",
+        "SMTP_PASS",
+        "MYSQL_PWD",
+        "GH_PAT",
+        "DATABASE_URL",
+        "SENTRY_DSN",
+        "HTTP_AUTHORIZATION",
+        "NPM_AUTH",
+        "NPM_CONFIG__AUTH",
+        "SESSION_COOKIE",
+        "REDIS_URL",
+    ]
+    ordinary = [
+        "PATH",
+        "HOME",
+        "PWD",
+        "OLDPWD",
+        "LANG",
+        "TERM",
+        "USER",
+        "SHELL",
+        "GIT_AUTHOR_NAME",
+        "GIT_AUTHOR_EMAIL",
+        "XDG_SESSION_TYPE",
+    ]
+    env = scrubbed_env(Settings(), {k: "v" for k in secrets + ordinary})
+    assert sorted(env) == sorted(ordinary)
+
+
+def test_symlink_loops_are_refused(root: Path) -> None:
+    (root / "loop").symlink_to(root / "loop")
+    (root / "a").symlink_to(root / "b")
+    (root / "b").symlink_to(root / "a")
+    for p in ("loop", "a", "a/x.txt", "src/../loop"):
+        for write in (False, True):
+            with pytest.raises(PathRefused, match="symlink loop"):
+                confine(root, p, write=write)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "orch.toml",
+        "ORCH.TOML",
+        ".orch/agents/evil.md",
+        ".orch/skills/x/SKILL.md",
+        ".orch/orch.db",
+        ".claude/settings.json",
+        ".claude/agents/evil.md",
+        ".worktreeinclude",
+        "src/../orch.toml",
+    ],
+)
+def test_writes_to_orch_control_files_are_refused_reads_allowed(root: Path, path: str) -> None:
+    (root / ".orch" / "agents").mkdir(parents=True)
+    (root / ".claude").mkdir()
+    (root / "orch.toml").write_text("model = 'sonnet'\n")
+    with pytest.raises(PathRefused, match="orch control file"):
+        confine(root, path, write=True)
+    confine(root, path, write=False)  # reading them is fine
+
+
+def test_control_file_check_is_relative_to_the_workspace_root(root: Path) -> None:
+    worktree = root / ".orch" / "worktrees" / "run1"
+    (worktree / "src").mkdir(parents=True)
+    assert confine(worktree, "src/new.py", write=True) == (worktree / "src/new.py").resolve()
+    assert confine(worktree, "notes/orch.toml", write=True).name == "orch.toml"
+    with pytest.raises(PathRefused, match="orch control file"):
+        confine(worktree, "orch.toml", write=True)
+    with pytest.raises(PathRefused, match="orch control file"):
+        confine(worktree, ".claude/settings.json", write=True)
+
+
+async def _still_alive(pid: int) -> bool:
+    """Whether pid still runs 2 s from now (a SIGKILL takes a moment); checked inside the loop."""
+    from tests.support import alive
+
+    for _ in range(40):
+        if not alive(pid):
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["sleep 30 & echo $! > {pidfile}; wait", "sleep 30 & echo $! > {pidfile}"],
+    ids=["hook-waits", "hook-exits-child-holds-stdout"],
+)
+def test_hook_timeout_kills_its_process_group(tmp_path: Path, command: str) -> None:
+    pidfile = tmp_path / "hook.pid"
+    hooks = [HookCommand(command=command.format(pidfile=pidfile), timeout_s=1)]
+
+    async def main() -> tuple[str, bool]:
+        outcome = await run_hooks(
+            hooks, "PreToolUse", "bash", {}, cwd=tmp_path, env=dict(os.environ)
+        )
+        return outcome.message, await _still_alive(int(pidfile.read_text()))
+
+    started = time.monotonic()
+    message, sleep_alive = asyncio.run(main())
+    assert "timed out" in message
+    assert not sleep_alive
+    assert time.monotonic() - started < 10
+
+
+def test_hook_whose_child_leaves_the_group_cannot_hang_the_run(tmp_path: Path) -> None:
+    """A child that escapes with setsid survives (see SECURITY.md), but holds nothing up."""
+    import signal
+
+    pidfile = tmp_path / "hook.pid"
+    hooks = [HookCommand(command=f"setsid sleep 30 & echo $! > {pidfile}; wait", timeout_s=1)]
+    started = time.monotonic()
+    try:
+        outcome = asyncio.run(
+            run_hooks(hooks, "PreToolUse", "bash", {}, cwd=tmp_path, env=dict(os.environ))
+        )
+        assert outcome.blocked and "timed out" in outcome.message
+        assert time.monotonic() - started < 10
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_cancel_during_a_hook_kills_its_process_group(project: Path) -> None:
+    from orchestrator.config import Hooks
+    from orchestrator.run import RunStatus
+    from tests.support import harness
+
+    pidfile = project.parent / "hook.pid"
+    hooks = Hooks(pre_tool_use=[HookCommand(command=f"echo $$ > {pidfile}; exec sleep 30")])
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "echo hi"}}]},
+                    {"text": "never"},
+                ]
+            }
+        ]
+    }
+    h = harness(project, script, hooks=hooks)
+
+    async def main() -> bool:
+        job = asyncio.create_task(h.delegator.run_root("go", workdir=project))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+        job.cancel()
+        try:
+            await job
+        except asyncio.CancelledError:
+            pass
+        return await _still_alive(int(pidfile.read_text()))
+
+    started = time.monotonic()
+    assert not asyncio.run(main())
+    assert time.monotonic() - started < 20
+    assert {r.status for r in h.store.list_runs()} == {RunStatus.CANCELLED}
+
+
+def test_extra_deny_rules_add_to_the_defaults() -> None:
+    from orchestrator.config import DenyRule
+
+    settings = Settings(extra_bash_deny=[DenyRule(pattern=r"^npm\s+publish", reason="humans")])
+    policy = Policy.for_run(settings, ["bash"], 0, 3)
+    assert not policy.check_call("bash", {"command": "npm publish"}).allowed
+    assert not policy.check_call("bash", {"command": "rm -rf /"}).allowed  # defaults kept

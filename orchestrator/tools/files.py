@@ -1,8 +1,9 @@
 """File tools: read_file, write_file, edit_file, glob, grep.
 
 Every path goes through ``policy.confine`` against the workspace root, so
-``..``, absolute paths outside, symlinks out and writes into ``.git`` are
-refused whichever tier the workspace is.
+``..``, absolute paths outside, symlinks out, symlink loops, hard links and
+writes into ``.git`` or orch's control files are refused whichever tier the
+workspace is. glob and grep skip what confine would refuse.
 """
 
 from __future__ import annotations
@@ -36,11 +37,20 @@ def _rel(ctx: RunContext, path: Path) -> str:
     return path.relative_to(ctx.workspace.root.resolve()).as_posix()
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, *, strict: bool = False) -> str:
+    """A file's text; undecodable bytes become U+FFFD unless ``strict`` (edits must not)."""
     data = path.read_bytes()
     if b"\x00" in data[:8192]:
         raise ToolFailure(f"{path.name} looks binary; read_file returns text only")
-    return data.decode("utf-8", errors="replace")
+    if not strict:
+        return data.decode("utf-8", errors="replace")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ToolFailure(
+            f"{path.name} is not valid UTF-8 (byte {e.start}); edit_file would corrupt it. "
+            "Leave it, or convert it with bash (e.g. iconv) if that is intended"
+        ) from None
 
 
 class ReadFileInput(ToolInput):
@@ -112,7 +122,7 @@ class EditFileTool(Tool):
         path = _confine(ctx, args.path, write=True)
         if not path.is_file():
             raise ToolFailure(f"no such file: {args.path}")
-        text = await asyncio.to_thread(_read_text, path)
+        text = await asyncio.to_thread(_read_text, path, strict=True)
         count = text.count(args.old_text)
         if count != 1:
             raise ToolFailure(
@@ -133,7 +143,7 @@ def _walk(root: Path, pattern: str) -> list[Path]:
         try:
             if not p.resolve().is_relative_to(root):
                 continue  # a symlink out is never listed
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
             continue
         out.append(p)
         if len(out) > MAX_GLOB:
@@ -197,6 +207,8 @@ class GrepTool(Tool):
             hits: list[str] = []
             for f in files:
                 try:
+                    if f.stat().st_nlink > 1:
+                        continue  # a hard link may be a file outside: read_file refuses it too
                     data = f.read_bytes()
                 except OSError:
                     continue
