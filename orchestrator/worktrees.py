@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import time
 import weakref
@@ -137,7 +138,7 @@ async def git(
     except BaseException:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+                os.kill(proc.pid, signal.SIGKILL)  # not proc.kill(): its poll may reap the child
             await asyncio.shield(proc.wait())
         raise
     result = GitResult(

@@ -232,11 +232,10 @@ async def run_process(
             timed_out = True
     finally:
         # On timeout, cancel or normal exit: nothing of the group outlives the call.
+        # Never `proc.kill()` here: Popen.send_signal polls first, and that poll can reap the
+        # child before asyncio's child watcher does (which then reports exit code 255).
         kill_group(pgid)
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await asyncio.shield(proc.wait())
+        await asyncio.shield(proc.wait())
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(reader), 1.0)
         for task in (reader, exited):
