@@ -39,6 +39,16 @@ class RunOutcome:
     status: str
     description: str = ""
 
+    @classmethod
+    def at_exit(
+        cls, given: RunOutcome | None, exc_type: type[BaseException] | None, description: str
+    ) -> RunOutcome:
+        """The outcome a workspace closes with: the one it was told, else from how it exits."""
+        if given is not None:
+            return given
+        cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        return cls("cancelled" if cancelled else "failed", description)
+
 
 class ResourceSink(Protocol):
     """Where workspaces register what they start (the store implements it)."""

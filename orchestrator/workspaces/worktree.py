@@ -350,10 +350,7 @@ class WorktreeWorkspace:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        outcome = self._outcome
-        if outcome is None:
-            cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
-            outcome = RunOutcome("cancelled" if cancelled else "failed", self.spec.description)
+        outcome = RunOutcome.at_exit(self._outcome, exc_type, self.spec.description)
         await await_shielded(self._close(outcome))
 
     async def exec(
