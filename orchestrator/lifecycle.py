@@ -43,6 +43,14 @@ class RunLifecycle:
     _slots: dict[str, asyncio.Semaphore]
     _progress: dict[str, float]  # run id -> monotonic time of its last progress
 
+    _env: dict[str, str] | None = None
+
+    def child_env(self) -> dict[str, str]:
+        """The scrubbed environment for child processes, computed once per delegator."""
+        if self._env is None:
+            self._env = scrubbed_env(self.settings)
+        return dict(self._env)
+
     async def _before_finish(self, ctx: RunContext) -> bool:
         """True sends a run that would end back to work (see Delegator)."""
         return False
@@ -153,7 +161,7 @@ class RunLifecycle:
                     tools=self.tools,
                     policy=policy,
                     workspace=ws,
-                    env=scrubbed_env(self.settings),
+                    env=self.child_env(),
                     catalog=self.catalog,
                     delegator=cast("Delegator", self),  # the only subclass
                 )

@@ -7,7 +7,6 @@ read and written, commands and their exit codes) on the run context.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,7 +50,7 @@ class Tool:
                 prop.pop("title", None)
             cached = {"name": self.name, "description": self.description, "input_schema": schema}
             _SCHEMAS[type(self)] = cached
-        return copy.deepcopy(cached)
+        return dict(cached)  # shallow: the nested schema is shared and never mutated
 
     def time_limit(self, args: Any, settings: Settings) -> float | None:
         """Seconds a call may take before it is cancelled (None: the tool bounds itself)."""
