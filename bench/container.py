@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worktree import make_repo  # noqa: E402  (bench/ is on sys.path)
 
 from orchestrator.config import SandboxSettings  # noqa: E402
 from orchestrator.run import new_run_id  # noqa: E402
@@ -37,16 +38,6 @@ FILES = 200
 COLD_RUNS = 10
 CLAIMS = 10
 EXECS = 30
-
-
-def make_repo(root: Path, files: int = FILES) -> None:
-    for i in range(files):
-        pkg = root / f"pkg{i % 10}"
-        pkg.mkdir(exist_ok=True)
-        (pkg / f"mod{i:04d}.py").write_text(f"VALUE = {i}\n")
-    ident = ["-c", "user.name=bench", "-c", "user.email=bench@localhost"]
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], [*ident, "commit", "-q", "-m", "x"]):
-        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
 def _spec(repo: Path) -> WorkspaceSpec:
@@ -141,7 +132,7 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
 def run() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
-        make_repo(repo)
+        make_repo(repo, FILES)
         return asyncio.run(_bench(repo))
 
 

@@ -34,7 +34,8 @@ TEARDOWN_GOAL = 1.5
 
 
 def make_repo(root: Path, files: int = FILES) -> None:
-    """A repository of ``files`` small Python files in 50 packages, one commit."""
+    """A repository of ``files`` small Python files in 50 packages, one commit (also used by
+    bench/container.py)."""
     for i in range(files):
         pkg = root / f"pkg{i % 50:02d}"
         pkg.mkdir(exist_ok=True)

@@ -67,3 +67,16 @@ def project(tmp_path: Path) -> Path:
     (root / "pyproject.toml").write_text('[project]\nname = "demo"\n[tool.pytest.ini_options]\n')
     (root / "src" / "app.py").write_text("def main() -> int:\n    return 42\n")
     return root
+
+
+@pytest.fixture
+def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """git without the machine's global/system config or stray GIT_* variables."""
+    config = tmp_path_factory.mktemp("gitcfg") / "gitconfig"
+    config.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_AUTHOR_NAME",
+                "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    return config

@@ -37,7 +37,7 @@ from orchestrator.workspaces.container import (
 from orchestrator.workspaces.pool import ContainerPool, create_container, make_slot, owner_labels
 from tests.support import alive, harness
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("hermetic_git")]
 
 ROOT = Path(__file__).resolve().parents[1]
 SANDBOX = "orch-sandbox:latest"
@@ -80,13 +80,6 @@ def sandbox_image() -> str:
         subprocess.run(["bash", script, *args], env=env, check=True, timeout=900)
     return SANDBOX
 
-
-@pytest.fixture(autouse=True)
-def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    config = tmp_path_factory.mktemp("gitcfg") / "gitconfig"
-    config.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
 
 
 def sh(cwd: Path, *args: str) -> str:

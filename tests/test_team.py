@@ -63,16 +63,7 @@ def team(h: Harness, **kwargs: Any) -> TeamResult:
     return asyncio.run(run_team(h.delegator, prompt=TASK, workdir=h.root, **kwargs))
 
 
-@pytest.fixture(autouse=True)
-def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    config = tmp_path_factory.mktemp("gitcfg") / "gitconfig"
-    config.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_AUTHOR_NAME",
-                "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-
+pytestmark = pytest.mark.usefixtures("hermetic_git")
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:

@@ -87,17 +87,7 @@ def run_changes(repo: Path, files: dict[str, str], **kw: Any) -> tuple[WorktreeW
     return asyncio.run(body()), spec.run_id
 
 
-@pytest.fixture(autouse=True)
-def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = tmp_path_factory.mktemp("gitcfg") / "gitconfig"
-    config.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_AUTHOR_NAME",
-                "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-    return config
-
+pytestmark = pytest.mark.usefixtures("hermetic_git")
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:

@@ -14,16 +14,7 @@ from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.worktree import WorktreeWorkspace, salvage_worktree
 from tests.test_worktree import make_spec, orch_branches, run_changes, sh, worktree_count
 
-
-@pytest.fixture(autouse=True)
-def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    config = tmp_path_factory.mktemp("gitcfg") / "gitconfig"
-    config.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(var, raising=False)
-
+pytestmark = pytest.mark.usefixtures("hermetic_git")
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:

@@ -67,7 +67,7 @@ def _source(source: str) -> str:
 @agents_app.command("list")
 @handles_errors
 def agents_list(json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> None:
-    """List the agents that `task` and `orch run --agent` can use."""
+    """List the agents that `task` and `orch task --agent` can use."""
     catalog = open_catalog(agents_dir)
     agents = sorted(catalog.agents.values(), key=lambda a: a.name)
     if json_out:
