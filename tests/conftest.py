@@ -52,6 +52,7 @@ def no_real_model_calls(
         "ORCH_MODEL",
         "ORCH_MAX_DEPTH",
         "ORCH_HOME",
+        "ORCH_STORE",
     ):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path_factory.mktemp("home")

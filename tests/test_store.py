@@ -1,26 +1,55 @@
-"""The store: lifecycle, events, cross-process safety, and staying out of git."""
+"""The store: lifecycle, events, cross-process safety, privacy, staying out of git, and
+the RunStore protocol (what the engine and CLI may ask of any backend)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import multiprocessing
+import os
 import sqlite3
+import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import typer
+
+import orchestrator
+import orchestrator.store
+from orchestrator.cli.common import find_run, handles_errors, open_project
+from orchestrator.errors import NotFound, UsageError
 from orchestrator.run import RunRecord, RunStatus, Usage
-from orchestrator.store import Store
+from orchestrator.store import RunStore, SqliteStore, open_store, state_dir
+from orchestrator.store.sqlite import _like_prefix
+from orchestrator.workspaces.base import ResourceSink
 
 
 def _writer(db: str, run_id: str, n: int) -> None:
-    store = Store(Path(db))
+    store = SqliteStore(Path(db))
     for i in range(n):
         store.note_activity(run_id, "bash", f"step {i}")
         store.add_event(run_id, "tick", {"i": i})
     store.close()
 
 
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def umask() -> Iterator[None]:
+    """Restore the process umask after a test that changes it."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def test_lifecycle_and_events(tmp_path: Path) -> None:
-    store = Store.for_project(tmp_path)
+    store = SqliteStore.for_project(tmp_path)
     rec = RunRecord(run_id="r-1", chain_id="c-1")
     store.create_run(rec)
     assert store.require_run("r-1").status == RunStatus.QUEUED
@@ -38,9 +67,18 @@ def test_lifecycle_and_events(tmp_path: Path) -> None:
     assert mode == "wal"
 
 
+def test_missing_run_names_where_the_store_is(tmp_path: Path) -> None:
+    store = SqliteStore.for_project(tmp_path)
+    assert store.describe() == str(tmp_path / ".orch" / "orch.db")
+    with pytest.raises(NotFound, match="orch.db"):
+        store.require_run("r-nope")
+    with pytest.raises(NotFound, match="orch.db"):
+        store.update_run("r-nope", summary="x")
+
+
 def test_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    Store.for_project(tmp_path).create_run(RunRecord(run_id="r-2", chain_id="c"))
+    open_store(tmp_path).create_run(RunRecord(run_id="r-2", chain_id="c"))
     assert (tmp_path / ".orch" / ".gitignore").read_text() == "*\n"
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True, check=True
@@ -48,17 +86,15 @@ def test_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
     assert status == ""
 
 
-def test_orch_home_overrides_location(tmp_path: Path, monkeypatch: object) -> None:
-    import pytest
-
-    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+def test_orch_home_overrides_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "elsewhere"))
-    store = Store.for_project(tmp_path / "proj")
-    assert store.path == tmp_path / "elsewhere" / "orch.db"
+    store = open_store(tmp_path / "proj")
+    assert store.describe() == str(tmp_path / "elsewhere" / "orch.db")
+    assert _mode(tmp_path / "elsewhere") == 0o700
 
 
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
-    store = Store.for_project(tmp_path)
+    store = SqliteStore.for_project(tmp_path)
     ids = [f"r-{i}" for i in range(4)]
     for rid in ids:
         store.create_run(RunRecord(run_id=rid, chain_id="c"))
@@ -77,13 +113,186 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
 
 
 def test_an_ending_is_never_overwritten_by_someone_else(tmp_path: Path) -> None:
-    store = Store.for_project(tmp_path)
+    store = SqliteStore.for_project(tmp_path)
     store.create_run(RunRecord(run_id="r-done", chain_id="c", status=RunStatus.SUCCEEDED))
     assert store.end_if_active("r-done", status=RunStatus.INTERRUPTED) is None
     assert store.require_run("r-done").status == RunStatus.SUCCEEDED
     store.create_run(RunRecord(run_id="r-live", chain_id="c", status=RunStatus.RUNNING))
     ended = store.end_if_active("r-live", status=RunStatus.INTERRUPTED)
     assert ended is not None and ended.status == RunStatus.INTERRUPTED
+
+
+# -- id prefixes are literal ------------------------------------------------------
+def test_id_prefixes_are_literal_never_like_wildcards(tmp_path: Path) -> None:
+    store = SqliteStore.for_project(tmp_path)
+    store.create_run(RunRecord(run_id="r-abc123", chain_id="c"))
+    assert [r.run_id for r in store.find_runs("r-a")] == ["r-abc123"]
+    for pattern in ("%", "_", "r_", "r-%", "r-a_c", "\\", "R-A"):
+        assert store.find_runs(pattern) == [], pattern
+    # `orch result %` resolves its argument with find_run: it must not pick the only run
+    with pytest.raises(NotFound):
+        find_run(store, "%")
+    with pytest.raises(NotFound):
+        find_run(store, "_")
+    assert find_run(store, "r-ab").run_id == "r-abc123"
+
+    assert _like_prefix("a%b_c\\") == "a\\%b\\_c\\\\%"
+    odd = "x%_\\y"  # an id holding every LIKE special character is found by its own prefix
+    store.create_run(RunRecord(run_id=odd, chain_id="c"))
+    store.create_run(RunRecord(run_id="xa\\\\y", chain_id="c"))  # what an unescaped x%_\ hits
+    assert [r.run_id for r in store.find_runs("x%_\\")] == [odd]
+    assert [r.run_id for r in store.find_runs("x%")] == [odd]
+
+
+# -- privacy -----------------------------------------------------------------------
+@pytest.mark.parametrize("mask", [0o022, 0o000, 0o277])
+def test_state_is_private_whatever_the_umask(tmp_path: Path, umask: None, mask: int) -> None:
+    os.umask(mask)
+    store = open_store(tmp_path)
+    store.create_run(RunRecord(run_id="r-1", chain_id="c"))
+    os.umask(0o022)
+    home = tmp_path / ".orch"
+    assert _mode(home) == 0o700
+    db = home / "orch.db"
+    for path in (db, db.with_name("orch.db-wal"), db.with_name("orch.db-shm")):
+        assert path.exists(), path
+        assert _mode(path) == 0o600, path
+
+
+def test_loose_state_of_ours_is_tightened(tmp_path: Path) -> None:
+    home = tmp_path / ".orch"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    db = home / "orch.db"
+    raw = sqlite3.connect(db)
+    raw.execute("CREATE TABLE keep (x)")
+    raw.commit()
+    raw.close()
+    db.chmod(0o644)
+    wal = db.with_name("orch.db-wal")
+    wal.touch()
+    wal.chmod(0o666)
+    store = open_store(tmp_path)
+    assert _mode(home) == 0o700
+    assert _mode(db) == 0o600 and _mode(wal) == 0o600
+    assert store.list_runs() == []
+    tables = {r[0] for r in sqlite3.connect(db).execute("SELECT name FROM sqlite_master")}
+    assert {"keep", "runs"} <= tables  # contents kept, schema added
+
+
+def test_state_dir_alone_is_private_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "deep" / "home"))
+    path = state_dir(tmp_path)
+    assert path == tmp_path / "deep" / "home" and _mode(path) == 0o700
+
+
+# -- choosing the backend ------------------------------------------------------------
+def test_open_store_is_sqlite_unless_told_otherwise(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    assert isinstance(store, SqliteStore)
+
+
+@pytest.mark.parametrize(
+    "value", ["postgresql://orch:s3cret@db.example/orch", "postgres://orch:s3cret@db/orch"]
+)
+def test_a_postgres_url_is_refused_for_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("ORCH_STORE", value)
+    with pytest.raises(UsageError) as info:
+        open_store(tmp_path)
+    msg = str(info.value)
+    assert "not available yet" in msg and "unset ORCH_STORE" in msg
+    assert "s3cret" not in msg and "\n" not in msg
+    assert not (tmp_path / ".orch" / "orch.db").exists()
+
+
+def test_an_unknown_orch_store_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_STORE", "mysql://x")
+    with pytest.raises(UsageError, match="unset ORCH_STORE"):
+        open_store(tmp_path)
+
+
+def test_the_cli_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ORCH_STORE", "postgresql://orch:s3cret@db/orch")
+    with pytest.raises(typer.Exit) as info:
+        handles_errors(open_project)(tmp_path)
+    assert info.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("orch: ") and "unset ORCH_STORE" in err and "s3cret" not in err
+
+
+def test_a_broken_database_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / ".orch"
+    home.mkdir()
+    (home / "orch.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(typer.Exit):
+        handles_errors(open_project)(tmp_path)
+    assert ".orch/orch.db" in capsys.readouterr().err
+
+
+# -- the protocol ------------------------------------------------------------------
+def _protocol_members() -> set[str]:
+    names: set[str] = set()
+    for cls in RunStore.__mro__:
+        if getattr(cls, "_is_protocol", False) and cls.__module__.startswith("orchestrator"):
+            names |= {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+    return names
+
+
+def _store_uses() -> dict[str, set[str]]:
+    """Attributes the engine and CLI take from a store (``x.store.y``, ``store.y``, ``sink.y``)."""
+    pkg = Path(orchestrator.__file__).parent
+    uses: dict[str, set[str]] = {}
+    for path in pkg.rglob("*.py"):
+        if (pkg / "store") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)
+            if name in ("store", "sink"):
+                uses.setdefault(node.attr, set()).add(str(path.relative_to(pkg)))
+    return uses
+
+
+def test_sqlite_store_fits_the_protocol(tmp_path: Path) -> None:
+    store: RunStore = SqliteStore(tmp_path / "orch.db")  # mypy checks the fit
+    sink: ResourceSink = store  # a RunStore is where workspaces register what they start
+    sink.register_resource("r-1", "process_group", "1:2")
+    assert [r["ref"] for r in store.resources("r-1")] == ["1:2"]
+    sink.release_resource("r-1", "process_group", "1:2")
+    assert store.resources() == []
+    for name in _protocol_members():
+        mine = inspect.signature(getattr(SqliteStore, name))
+        assert str(mine) == str(inspect.signature(getattr(RunStore, name))), name
+
+
+def test_the_protocol_is_exactly_what_the_engine_and_cli_use() -> None:
+    members = _protocol_members()
+    uses = _store_uses()
+    missing = {name: where for name, where in uses.items() if name not in members}
+    assert not missing, f"used on a store but not declared on RunStore: {missing}"
+    public = {n for n, v in vars(SqliteStore).items() if not n.startswith("_")}
+    # children: a helper of descendants (and of tests); for_project: the SQLite constructor
+    assert public - members == {"children", "for_project"}
+
+
+def test_package_exports() -> None:
+    assert sorted(orchestrator.store.__all__) == [
+        "RunStore",
+        "SqliteStore",
+        "open_store",
+        "state_dir",
+    ]
+    for name in orchestrator.store.__all__:
+        assert hasattr(orchestrator.store, name)
+    assert not hasattr(orchestrator.store, "Store")
 
 
 def test_reaping_never_kills_a_stranger_that_reuses_a_group_id() -> None:

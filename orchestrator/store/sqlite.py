@@ -1,4 +1,4 @@
-"""The store: one SQLite file (WAL) per project, the only place that writes SQL.
+"""The SQLite run store: one file (WAL) per project, the only place that writes SQL.
 
 Tables: ``runs`` (one row per run: its QueryChain position, limits, status,
 progress and result), ``events`` (append-only: run_started, tool_call,
@@ -9,6 +9,9 @@ crashed owner's leftovers can be found and reaped).
 Safe across processes: WAL journal, a busy timeout, and short transactions
 (``BEGIN IMMEDIATE`` for read-modify-write), so many writers never lose an
 update or see "database is locked".
+
+Private: the state directory is 0700 (see :func:`state_dir`), the database file and
+its ``-wal``/``-shm`` files 0600, whatever the umask.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import NotFound
-from .run import Activity, RunRecord, RunStatus, now
+from ..errors import NotFound
+from ..run import Activity, RunRecord, RunStatus, now
+from .base import make_private, state_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,32 +71,57 @@ CREATE TABLE IF NOT EXISTS outputs (
 """
 
 RECENT_ACTIVITIES = 5
+DB_FILE = "orch.db"
+DB_MODE = 0o600
+LIKE_ESCAPE = "\\"
 
 
 def _marks(items: list[str]) -> str:
     return ",".join("?" * len(items))
 
 
-def state_dir(project_root: Path) -> Path:
-    """``$ORCH_HOME`` or ``<project>/.orch``; created with a ``.gitignore`` of ``*``."""
-    env = os.environ.get("ORCH_HOME")
-    path = Path(env).expanduser() if env else project_root / ".orch"
-    path.mkdir(parents=True, exist_ok=True)
-    ignore = path / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("*\n")
-    return path
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern (``ESCAPE '\\'``) matching ids that start with prefix, taken literally."""
+    for special in (LIKE_ESCAPE, "%", "_"):
+        prefix = prefix.replace(special, LIKE_ESCAPE + special)
+    return prefix + "%"
 
 
-class Store:
+def _create_private(path: Path) -> None:
+    """Create the database file 0600 (umask-independent) before SQLite opens it.
+
+    One that exists already (another process made it, or an older orch) keeps its
+    contents and loses any group/other bits if it is ours.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, DB_MODE)
+    except FileExistsError:
+        make_private(path, DB_MODE)
+        return
+    try:
+        os.fchmod(fd, DB_MODE)
+    finally:
+        os.close(fd)
+
+
+class SqliteStore:
+    """The :class:`~orchestrator.store.base.RunStore` over one SQLite file."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
+        _create_private(path)
         self._conn().executescript(SCHEMA)
+        for suffix in ("-wal", "-shm"):  # SQLite gives them the db's mode; older ones may not
+            make_private(path.with_name(path.name + suffix), DB_MODE)
 
     @classmethod
-    def for_project(cls, project_root: Path) -> Store:
-        return cls(state_dir(project_root) / "orch.db")
+    def for_project(cls, project_root: Path) -> SqliteStore:
+        """The SQLite store of a project, whatever ORCH_STORE says (use ``open_store``)."""
+        return cls(state_dir(project_root) / DB_FILE)
+
+    def describe(self) -> str:
+        return str(self.path)
 
     # -- connection ---------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -163,7 +192,7 @@ class Store:
         with self._tx() as db:
             record = self._load(db, run_id)
             if record is None:
-                raise NotFound(f"no run {run_id!r} in {self.path}")
+                raise NotFound(f"no run {run_id!r} in {self.describe()}")
             for key, value in fields.items():
                 setattr(record, key, value)
             self._save(db, record)
@@ -204,13 +233,15 @@ class Store:
         record = self.get_run(run_id)
         if record is None:
             raise NotFound(
-                f"no run {run_id!r} in {self.path}; `orch ps --all` lists the runs it holds"
+                f"no run {run_id!r} in {self.describe()}; `orch ps --all` lists the runs it holds"
             )
         return record
 
     def find_runs(self, prefix: str) -> list[RunRecord]:
         rows = self._conn().execute(
-            "SELECT data FROM runs WHERE run_id LIKE ? ORDER BY created_at", (prefix + "%",)
+            "SELECT data FROM runs WHERE run_id LIKE ? ESCAPE ? AND substr(run_id, 1, ?) = ?"
+            " ORDER BY created_at",  # substr: LIKE ignores ASCII case, ids do not
+            (_like_prefix(prefix), LIKE_ESCAPE, len(prefix), prefix),
         )
         return [RunRecord.model_validate_json(r[0]) for r in rows]
 
@@ -282,15 +313,6 @@ class Store:
             run_ids,
         )
         return {r[0] for r in rows}
-
-    def heartbeats(self, run_ids: list[str]) -> dict[str, float | None]:
-        if not run_ids:
-            return {}
-        rows = self._conn().execute(
-            f"SELECT run_id, heartbeat_at FROM runs WHERE run_id IN ({_marks(run_ids)})",
-            run_ids,
-        )
-        return {r: h for r, h in rows}
 
     def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:
         """Runs as plain dicts (no model validation): fast enough for `orch ps` over 10k runs."""

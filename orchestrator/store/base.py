@@ -1,0 +1,161 @@
+"""The contract of a run store: exactly what the engine and the CLI ask of it.
+
+A store keeps ``runs`` (one record per run), their append-only ``events``,
+their whole ``outputs`` and the ``resources`` they own (process groups,
+worktrees, containers), and is shared by every ``orch`` process of a project.
+SQLite (:mod:`orchestrator.store.sqlite`) is the implementation today; a
+Postgres one (psycopg 3) must fit the same protocol, so nothing here names a
+file, a connection or a driver: messages say where the runs are with
+:meth:`RunStore.describe`.
+
+Every write is atomic on its own (one transaction) and safe against other
+processes writing the same store at the same time; reads see committed data.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..run import RunRecord, RunStatus
+from ..workspaces.base import ResourceSink
+
+STATE_DIR_MODE = 0o700
+
+
+def make_private(path: Path, mode: int, *, created: bool = False) -> None:
+    """Give ``path`` exactly ``mode`` if we just created it, else drop looser bits.
+
+    Only for what we own: a directory or file of another user is left alone.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.getuid():
+        return
+    current = stat.S_IMODE(st.st_mode)
+    if (created and current != mode) or current & ~mode:
+        os.chmod(path, mode)
+
+
+def state_dir(project_root: Path) -> Path:
+    """``$ORCH_HOME`` or ``<project>/.orch``: mode 0700, with a ``.gitignore`` of ``*``.
+
+    Created if missing; an existing one of ours with looser bits is tightened to 0700
+    (it holds prompts, outputs and logs of every run).
+    """
+    env = os.environ.get("ORCH_HOME")
+    path = Path(env).expanduser() if env else project_root / ".orch"
+    existed = path.is_dir()
+    path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    make_private(path, STATE_DIR_MODE, created=not existed)
+    ignore = path / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    return path
+
+
+class RunStore(ResourceSink, Protocol):
+    """Where runs, events, outputs and owned resources are kept (see the module doc)."""
+
+    def describe(self) -> str:
+        """Where the runs are kept, for messages (a file path, a DSN without password)."""
+        ...
+
+    def close(self) -> None:
+        """Close this thread's connection; the next call opens a new one."""
+        ...
+
+    # -- runs -----------------------------------------------------------------
+    def create_run(self, record: RunRecord) -> None:
+        """Insert a new run (its run_id not yet in the store), one transaction."""
+        ...
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The run with this exact id, or None."""
+        ...
+
+    def require_run(self, run_id: str) -> RunRecord:
+        """The run with this exact id; NotFound (naming describe()) if there is none."""
+        ...
+
+    def find_runs(self, prefix: str) -> list[RunRecord]:
+        """Runs whose id starts with prefix taken literally (no wildcards), oldest first."""
+        ...
+
+    def list_runs(
+        self,
+        *,
+        chain_id: str | None = None,
+        statuses: list[RunStatus] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs matching all filters given (since: updated since, or still live), oldest first."""
+        ...
+
+    def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:
+        """Runs as plain dicts plus ``heartbeat_at``, unvalidated (fast `orch ps`), oldest first."""
+        ...
+
+    def descendants(self, run_id: str) -> list[RunRecord]:
+        """Every run below run_id (children, their children, ...), breadth first."""
+        ...
+
+    def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        """Set fields of a run, read-modify-write in one transaction; NotFound if absent."""
+        ...
+
+    def end_if_active(self, run_id: str, **fields: Any) -> RunRecord | None:
+        """Compare-and-set in one transaction: only if still queued/running, else None."""
+        ...
+
+    def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
+        """A tool call as last/recent activity, plus fields; one transaction, no-op if absent."""
+        ...
+
+    # -- ownership across processes -------------------------------------------
+    def heartbeat(self, run_ids: list[str]) -> None:
+        """Stamp now as the heartbeat of these runs, one transaction."""
+        ...
+
+    def request_cancel(self, run_ids: list[str]) -> None:
+        """Flag these runs for cancellation by their owner process, one transaction."""
+        ...
+
+    def cancel_requests(self, run_ids: list[str]) -> set[str]:
+        """Which of these runs have a pending cancel request."""
+        ...
+
+    # -- events and outputs ---------------------------------------------------
+    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
+        """Append an event, one transaction; returns its id (increasing within the store)."""
+        ...
+
+    def events(self, run_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+        """Events of a run with id > after_id, in order: dicts of id, run_id, at, kind, data."""
+        ...
+
+    def save_output(self, run_id: str, text: str) -> None:
+        """Store (or replace) the whole output text of a run, one transaction."""
+        ...
+
+    def output(self, run_id: str) -> str | None:
+        """The whole output text of a run, or None if none was saved."""
+        ...
+
+    # -- resources (ResourceSink) ---------------------------------------------
+    def register_resource(self, run_id: str, kind: str, ref: str) -> None:
+        """Record that run_id (in this process) owns (kind, ref); upsert, one transaction."""
+        ...
+
+    def release_resource(self, run_id: str, kind: str, ref: str) -> None:
+        """Forget (kind, ref) once it is cleaned up; a no-op if unknown."""
+        ...
+
+    def resources(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Owned resources (one run's or all): dicts of run_id, kind, ref, owner_pid, created_at."""
+        ...
