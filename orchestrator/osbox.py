@@ -1,0 +1,267 @@
+"""OS-level confinement of an agent's commands with bubblewrap (``bwrap``).
+
+The host tiers (shared, worktree) run a command as ``OsSandbox.wrap(argv, cwd)``
+instead of ``argv``. Inside, the whole filesystem is read-only except the
+workspace (and ``extra_writable``); ``/tmp`` is a private tmpfs and ``/run``
+(where the Docker, containerd, D-Bus and systemd sockets live) an empty one;
+secrets (``hidden``) are covered; paths inside the workspace that steer the
+host (``read_only_within``: a ``.git`` dir or gitfile) stay read-only. The
+command gets fresh PID, IPC, UTS, cgroup (and, unless ``network``, network)
+namespaces, no capabilities, no further user namespaces, a new session, and
+only the environment it is given: ``bwrap`` itself is started through
+``env -i`` so that nothing of the caller's environment is left in any
+process of the sandbox (``/proc/1/environ`` would show it otherwise).
+
+Mounts are applied parents first (by path depth), so a deeper rule wins over a
+shallower one whatever list it comes from: the private ``/tmp`` is mounted
+before a workspace that lives under ``/tmp``, a hidden store dir before the
+worktree inside it, the workspace before the ``.git`` inside it. A read-only
+path is a mount point, so it cannot be renamed, replaced or deleted; the
+directories between it and the workspace are bound onto themselves (still
+writable) so that they cannot be renamed away with it either.
+
+Killing: ``bwrap --die-with-parent`` plus the caller's kill of bwrap's process
+group ends everything, ``setsid``-detached grandchildren included: they live
+in a PID namespace whose init dies with bwrap, and the kernel then kills the
+rest of the namespace.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import OrchError
+
+__all__ = [
+    "ENV_WHITELIST",
+    "FIX",
+    "HOME_SECRETS",
+    "OsSandbox",
+    "SandboxUnavailable",
+    "available",
+    "default_hidden",
+    "is_secret_name",
+    "sandbox_env",
+]
+
+FIX = (
+    'install bubblewrap (apt-get install bubblewrap), or set sandbox.os = "off" '
+    "in orch.toml to run unsandboxed"
+)
+
+ENV_WHITELIST = frozenset(
+    {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME", "SHELL",
+     "NO_COLOR"}
+)  # fmt: skip
+CHAIN_PREFIX = "ORCH_"
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC_", re.IGNORECASE)
+
+# Relative to the user's HOME: credentials and orch's own state, never shown to a command.
+HOME_SECRETS = (
+    ".ssh", ".aws", ".config/gcloud", ".docker", ".netrc", ".orch", ".gnupg", ".kube",
+    ".azure", ".git-credentials", ".config/git/credentials", ".config/gh", ".npmrc",
+    ".pypirc", ".cargo/credentials.toml", ".claude",
+)  # fmt: skip
+
+PRIVATE_TMP = Path("/tmp")
+PRIVATE_RUN = Path("/run")  # sockets that hand out root (docker.sock), D-Bus, systemd
+RESOLV_CONF = Path("/etc/resolv.conf")
+PROBE_TIMEOUT_S = 15.0
+
+
+class SandboxUnavailable(OrchError):
+    """bwrap is missing or cannot make namespaces here; the message names the fix."""
+
+
+# -- environment -------------------------------------------------------------------
+
+
+def is_secret_name(name: str) -> bool:
+    """True for a variable name that looks like it holds a credential."""
+    return _SECRET.search(name) is not None
+
+
+def sandbox_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment a sandboxed command gets.
+
+    From ``base`` (the host environment) only the names in :data:`ENV_WHITELIST`.
+    ``extra`` (orch's chain variables) may add whitelisted or ``ORCH_*`` names;
+    any other name, or one that looks like a secret, is a programming error.
+    """
+    env = {k: v for k, v in base.items() if k in ENV_WHITELIST}
+    for name, value in extra.items():
+        if is_secret_name(name):
+            raise ValueError(f"environment variable {name} looks like a secret; not passed")
+        if name not in ENV_WHITELIST and not name.startswith(CHAIN_PREFIX):
+            raise ValueError(
+                f"environment variable {name} is neither whitelisted nor an {CHAIN_PREFIX}* "
+                "chain variable"
+            )
+        env[name] = value
+    return env
+
+
+def default_hidden(home: Path | None = None, *more: Path) -> tuple[Path, ...]:
+    """The usual secret paths under ``home`` (default: ``$HOME``), plus ``more``
+    (orch's store dir, for one)."""
+    if home is None:
+        env_home = os.environ.get("HOME")
+        home = Path(env_home) if env_home else Path.home()
+    return tuple(home / rel for rel in HOME_SECRETS) + tuple(more)
+
+
+# -- availability ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Probe:
+    bwrap: str | None
+    reason: str | None
+    userns: tuple[str, ...]  # flags that worked here: a user namespace with nesting off
+
+
+def _try(bwrap: str, flags: Sequence[str]) -> str | None:
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
+            *flags, "--", "true"]  # fmt: skip
+    try:
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if out.returncode == 0:
+        return None
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {out.returncode}"
+
+
+@functools.cache
+def _probe() -> _Probe:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return _Probe(None, f"bwrap (bubblewrap) is not installed: {FIX}", ())
+    userns = ("--unshare-user", "--disable-userns")
+    if _try(bwrap, [*userns, "--cap-drop", "ALL"]) is None:
+        return _Probe(bwrap, None, userns)
+    error = _try(bwrap, ["--cap-drop", "ALL"])
+    if error is None:
+        return _Probe(bwrap, None, ())
+    return _Probe(None, f"bwrap cannot create a sandbox here ({error}): {FIX}", ())
+
+
+def available() -> str | None:
+    """None when bwrap works here, else a one-line reason naming the fix (checked once)."""
+    return _probe().reason
+
+
+# -- the sandbox -------------------------------------------------------------------
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` absolute with symlinks resolved (a mount follows them anyway)."""
+    return Path(os.path.abspath(path)).resolve()
+
+
+def _depth(path: Path) -> int:
+    return len(path.parts)
+
+
+# At one path, the more restrictive kind is mounted last so it wins.
+_PRIVATE, _WRITABLE, _READ_ONLY, _HIDDEN = range(4)
+
+
+@dataclass(frozen=True)
+class OsSandbox:
+    """One run's confinement. Paths are resolved at :meth:`wrap` time; a
+    ``read_only_within`` or ``hidden`` path that does not exist then is skipped."""
+
+    workspace: Path
+    extra_writable: tuple[Path, ...] = ()
+    read_only_within: tuple[Path, ...] = ()
+    hidden: tuple[Path, ...] = ()
+    network: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.env:
+            if is_secret_name(name) or not name or "=" in name:
+                raise ValueError(f"environment variable {name!r} may not enter the sandbox")
+
+    def mounts(self) -> list[str]:
+        """The bwrap filesystem arguments, parents before children."""
+        ops: list[tuple[int, int, str, list[str]]] = []
+
+        def add(path: Path, kind: int, args: list[str]) -> None:
+            ops.append((_depth(path), kind, str(path), args))
+
+        remount_ro: list[Path] = [PRIVATE_RUN]
+        add(PRIVATE_TMP, _PRIVATE, ["--tmpfs", str(PRIVATE_TMP)])
+        add(PRIVATE_RUN, _PRIVATE, ["--tmpfs", str(PRIVATE_RUN)])
+        writable = self._writable()
+        pinned: set[Path] = set()
+        for path in self._existing(self.read_only_within):
+            add(path, _READ_ONLY, ["--ro-bind", str(path), str(path)])
+            for root in writable:  # a mount point cannot be renamed: pin the way to it
+                if path.is_relative_to(root):
+                    pinned.update(a for a in path.parents if a.is_relative_to(root) and a != root)
+        for path in [*writable, *sorted(pinned - set(writable))]:
+            add(path, _WRITABLE, ["--bind", str(path), str(path)])
+        if self.network:  # name resolution may live under the hidden /run
+            resolv = _absolute(RESOLV_CONF)
+            if resolv.is_relative_to(PRIVATE_RUN) and resolv.exists():
+                add(resolv, _READ_ONLY, ["--ro-bind", str(resolv), str(resolv)])
+        for path in self._existing(self.hidden):
+            if path.is_dir():
+                add(path, _HIDDEN, ["--tmpfs", str(path)])
+                remount_ro.append(path)
+            else:  # a file or socket: /dev/null on a nodev mount, so reads get EACCES
+                add(path, _HIDDEN, ["--ro-bind", "/dev/null", str(path)])
+        args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for *_order, op in sorted(ops, key=lambda o: o[:3]):
+            args += op
+        for path in remount_ro:  # last: deeper mounts needed their mount points first
+            args += ["--remount-ro", str(path)]
+        return args
+
+    def _writable(self) -> list[Path]:
+        workspace = _absolute(self.workspace)
+        if not workspace.is_dir():
+            raise SandboxUnavailable(f"workspace {workspace} is not a directory")
+        return [workspace, *self._existing(self.extra_writable)]
+
+    @staticmethod
+    def _existing(paths: Iterable[Path]) -> list[Path]:
+        found = (_absolute(p) for p in paths)
+        return [p for p in found if p.exists()]
+
+    def wrap(self, argv: Sequence[str], cwd: Path) -> list[str]:
+        """The argv that runs ``argv`` in ``cwd`` inside this sandbox.
+
+        Start it with ``start_new_session=True`` and kill its process group to
+        stop it (``run_process`` does both). Raises :class:`SandboxUnavailable`
+        when bwrap does not work here.
+        """
+        probe = _probe()
+        if probe.bwrap is None:
+            raise SandboxUnavailable(probe.reason or FIX)
+        if not argv:
+            raise ValueError("nothing to run")
+        envprog = shutil.which("env") or "/usr/bin/env"
+        out = [envprog, "-i", probe.bwrap, *self.mounts()]
+        out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        out += [*probe.userns, "--cap-drop", "ALL"]
+        if not self.network:
+            out.append("--unshare-net")
+        out += ["--die-with-parent", "--new-session", "--chdir", str(_absolute(cwd))]
+        out.append("--clearenv")
+        for name, value in self.env.items():
+            out += ["--setenv", name, value]
+        return [*out, "--", *argv]
