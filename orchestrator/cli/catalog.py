@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from ..config import load_settings
 from ..paths import project_root
 from .common import err, handles_errors, out, print_json
+from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:
     from ..definitions import Catalog
@@ -47,7 +47,7 @@ def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = N
 
 def _report_errors(catalog: Catalog) -> None:
     for e in catalog.errors:
-        err.print(f"error: {e}", markup=False)
+        err.print(safe_text(f"error: {e}"))
 
 
 def _short(text: str, width: int = 70) -> str:
@@ -88,12 +88,12 @@ def agents_list(json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> N
     table.add_column("WARN", no_wrap=True)
     for a in agents:
         table.add_row(
-            escape(a.name),
-            escape(_short(a.description)),
-            escape(a.model or "inherit"),
-            escape("all" if a.tools is None else ", ".join(a.tools) or "none"),
-            a.isolation or "-",
-            escape(_source(a.source)),
+            safe_markup(a.name),
+            safe_markup(_short(a.description)),
+            safe_markup(a.model or "inherit"),
+            safe_markup("all" if a.tools is None else ", ".join(a.tools) or "none"),
+            safe_markup(a.isolation or "-"),
+            safe_markup(_source(a.source)),
             str(len(a.warnings)) if a.warnings else "",
         )
     out.print(table)
@@ -125,12 +125,12 @@ def agents_show(name: str, json_out: JsonOpt = False, agents_dir: AgentsDirOpt =
         "skills": ", ".join(agent.skills) or "-",
     }
     for key, value in rows.items():
-        table.add_row(key, escape(value))
+        table.add_row(key, safe_markup(value))
     out.print(table)
     for warning in agent.warnings:
-        out.print(f"[yellow]warning:[/] {escape(warning)}")
+        out.print(f"[yellow]warning:[/] {safe_markup(warning)}")
     out.rule("system prompt")
-    out.print(agent.system_prompt or "(empty)", markup=False, emoji=False)
+    out.print(safe_text(agent.system_prompt or "(empty)", multiline=True))
 
 
 @agents_app.command("validate")
@@ -151,11 +151,13 @@ def agents_validate(
     else:
         for r in reports:
             if r.ok:
-                out.print(f"[green]ok[/] {escape(r.path)} ({r.kind} {escape(r.name or '')})")
+                out.print(
+                    f"[green]ok[/] {safe_markup(r.path)} ({r.kind} {safe_markup(r.name or '')})"
+                )
             else:
-                out.print(f"[red]error:[/] {escape(r.error or r.path)}")
+                out.print(f"[red]error:[/] {safe_markup(r.error or r.path)}")
             for warning in r.warnings:
-                out.print(f"  [yellow]warning:[/] {escape(warning)}")
+                out.print(f"  [yellow]warning:[/] {safe_markup(warning)}")
         total = sum(len(r.warnings) for r in reports)
         out.print(f"{len(reports)} checked, {len(failed)} failed, {total} warnings", markup=False)
     if failed:
@@ -183,9 +185,9 @@ def skills_list(json_out: JsonOpt = False) -> None:
     table.add_column("WARN", no_wrap=True)
     for s in skills:
         table.add_row(
-            escape(s.name),
-            escape(_short(s.description, 90)),
-            escape(_source(s.source)),
+            safe_markup(s.name),
+            safe_markup(_short(s.description, 90)),
+            safe_markup(_source(s.source)),
             str(len(s.warnings)) if s.warnings else "",
         )
     out.print(table)
@@ -200,9 +202,9 @@ def skills_show(name: str, json_out: JsonOpt = False) -> None:
     if json_out:
         print_json(skill.model_dump())
         return
-    out.print(f"[bold]{escape(skill.name)}[/] ({escape(skill.source)})")
-    out.print(" ".join(skill.description.split()), markup=False)
+    out.print(f"[bold]{safe_markup(skill.name)}[/] ({safe_markup(skill.source)})")
+    out.print(safe_text(" ".join(skill.description.split())))
     for warning in skill.warnings:
-        out.print(f"[yellow]warning:[/] {escape(warning)}")
+        out.print(f"[yellow]warning:[/] {safe_markup(warning)}")
     out.rule()
-    out.print(skill.body, markup=False, emoji=False)
+    out.print(safe_text(skill.body, multiline=True))

@@ -14,6 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from rich.tree import Tree
 
 from ..background import reconcile
@@ -21,7 +22,8 @@ from ..config import Settings, load_settings
 from ..errors import NotFound, OrchError, UsageError
 from ..paths import project_root
 from ..run import RunRecord, RunStatus
-from ..store import Store
+from ..store import RunStore, open_store
+from .safe import safe_text, shown
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -41,7 +43,7 @@ STATUS_STYLE = {
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"orch: {message}", markup=False)
+    err.print(safe_text(f"orch: {message}"))  # one line, whatever the message holds
     return typer.Exit(code)
 
 
@@ -71,7 +73,7 @@ class Project:
     root: Path
     workdir: Path
     settings: Settings
-    store: Store
+    store: RunStore
 
 
 def open_project(workdir: Path | None = None, **overrides: Any) -> Project:
@@ -80,12 +82,12 @@ def open_project(workdir: Path | None = None, **overrides: Any) -> Project:
         raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
     root = project_root(wd)
     settings = load_settings(root, **overrides)
-    store = Store.for_project(root)
+    store = open_store(root)
     reconcile(store)  # every command first settles runs whose owner is gone
     return Project(root=root, workdir=wd.resolve(), settings=settings, store=store)
 
 
-def find_run(store: Store, ref: str) -> RunRecord:
+def find_run(store: RunStore, ref: str) -> RunRecord:
     """A run by id or unique id prefix."""
     record = store.get_run(ref)
     if record is not None:
@@ -98,7 +100,7 @@ def find_run(store: Store, ref: str) -> RunRecord:
             f"{ref!r} matches {len(matches)} runs ({', '.join(m.run_id for m in matches[:5])}…); "
             "give more of the id"
         )
-    raise NotFound(f"no run {ref!r} in {store.path}; `orch ps --all` lists the runs it holds")
+    raise NotFound(f"no run {ref!r} in {store.describe()}; `orch ps --all` lists the runs it holds")
 
 
 def print_json(data: Any) -> None:
@@ -118,15 +120,25 @@ def age(ts: float | None) -> str:
     return f"{s / 86400:.1f}d"
 
 
-def run_label(r: RunRecord) -> str:
+def run_label(r: RunRecord) -> Text:
+    """One line about a run; agent, isolation and description are shown, never obeyed."""
     style = STATUS_STYLE.get(r.status, "")
     u = r.usage
-    desc = f" — {r.description}" if r.description and r.depth > 0 else ""
-    return (
-        f"[bold]{r.run_id}[/] {r.agent} [dim]d{r.depth} {r.isolation}[/] "
-        f"[{style}]{r.status.value}[/] [dim]turns {u.turns} · tools {u.tool_uses} · "
-        f"tok {u.input_tokens}/{u.output_tokens}[/]{desc}"
+    label = Text.assemble(
+        safe_text(r.run_id, "bold"),
+        " ",
+        safe_text(r.agent),
+        " ",
+        safe_text(f"d{r.depth} {shown(r.isolation)}", "dim"),
+        " ",
+        (r.status.value, style),
+        " ",
+        (f"turns {u.turns} · tools {u.tool_uses} · tok {u.input_tokens}/{u.output_tokens}", "dim"),
     )
+    if r.description and r.depth > 0:
+        label.append(" — ")
+        label.append_text(safe_text(r.description))
+    return label
 
 
 def chain_tree(runs: list[RunRecord]) -> Tree:
@@ -136,7 +148,7 @@ def chain_tree(runs: list[RunRecord]) -> Tree:
         parent = r.parent_run_id if r.parent_run_id in ids else None
         by_parent.setdefault(parent, []).append(r)
     chain = runs[0].chain_id if runs else "-"
-    tree = Tree(f"chain [bold]{chain}[/]")
+    tree = Tree(Text.assemble("chain ", safe_text(chain, "bold")))
 
     def add(node: Tree, parent: str | None) -> None:
         for r in by_parent.get(parent, []):

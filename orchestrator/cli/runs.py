@@ -10,12 +10,14 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from ..background import owner_alive, reap, reconcile
 from ..errors import OrchError
 from ..run import EXIT_CODES, RunRecord, RunStatus, now
-from ..store import Store
+from ..store import RunStore
 from .common import STATUS_STYLE, age, find_run, handles_errors, open_project, out, print_json
+from .safe import safe_text, shown
 
 PS_KEYS = [
     "run_id",
@@ -79,18 +81,18 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     table.add_column("tokens", justify="right")
     table.add_column("last activity", overflow="fold", ratio=1)
     table.add_column("age", no_wrap=True)
-    for r in rows:
+    for r in rows:  # every cell a Text: what a model or an agent file chose is never markup
         status = RunStatus(r["status"])
         act = r.get("last_activity") or {}
         table.add_row(
-            r["run_id"],
-            "  " * int(r.get("depth", 0)) + str(r.get("agent", "")),
-            f"[{STATUS_STYLE.get(status, '')}]{status.value}[/]",
-            str(r.get("isolation", "")),
-            str(r["tool_uses"]),
-            f"{r['input_tokens'] + r['output_tokens']:,}",
-            str(act.get("summary", ""))[:60],
-            age(r.get("started_at") or r.get("created_at")),
+            safe_text(r["run_id"]),
+            safe_text("  " * int(r.get("depth", 0)) + shown(r.get("agent", ""))),
+            Text(status.value, STATUS_STYLE.get(status, "")),
+            safe_text(r.get("isolation", "")),
+            Text(str(r["tool_uses"])),
+            Text(f"{r['input_tokens'] + r['output_tokens']:,}"),
+            safe_text(str(act.get("summary", "") if isinstance(act, dict) else "")[:60]),
+            Text(age(r.get("started_at") or r.get("created_at"))),
         )
     return table
 
@@ -174,7 +176,7 @@ def cancel(
     else:
         for r in final:
             style = STATUS_STYLE.get(r.status, "")
-            out.print(f"{r.run_id} {r.agent} [{style}]{r.status.value}[/]")
+            out.print(Text.assemble(safe_text(f"{r.run_id} {r.agent} "), (r.status.value, style)))
     stuck = [r for r in final if not r.status.ended]
     if stuck:  # a live owner's resources are never taken from under it
         pids = ", ".join(sorted({str(r.pid) for r in stuck}))
@@ -184,7 +186,7 @@ def cancel(
         )
 
 
-def _force_cancel(store: Store, record: RunRecord, why: str) -> None:
+def _force_cancel(store: RunStore, record: RunRecord, why: str) -> None:
     """Cancel a run whose owner is gone: reap what it left, unless it ended meanwhile."""
     current = store.get_run(record.run_id)
     if current is None or current.status.ended or owner_alive(current):
@@ -200,28 +202,16 @@ def worker(
     workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
 ) -> None:
     """(internal) Run a queued run detached from any terminal."""
-    project = open_project(workdir)
-    store = project.store
-    record = store.require_run(run_id)
-    if record.status != RunStatus.QUEUED:
-        return
-    opts = record.options
-    from ..config import load_settings
-    from ..definitions import load_catalog
-    from ..delegation import Delegator
-    from ..models import ModelProvider
+    from .engine import worker_runner
 
-    settings = load_settings(project.root, **opts.get("overrides", {}))
-    provider = ModelProvider(settings, opts.get("model_spec"))
-    catalog = load_catalog(project.root, agents_dirs=[Path(p) for p in opts.get("agents_dirs", [])])
-    delegator = Delegator(settings=settings, store=store, catalog=catalog, models=provider)
+    runner, _ = worker_runner(workdir or Path.cwd(), run_id)
 
     async def go() -> RunRecord:
-        async with provider:
-            return await delegator.run_record(record)
+        async with runner.models:
+            return await runner.adopt(run_id)
 
     done = asyncio.run(go())
-    raise typer.Exit(EXIT_CODES.get(done.status, 1))
+    raise typer.Exit(EXIT_CODES.get(done.status, 1) if done.status.ended else 0)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from ..config import load_settings
 from ..errors import OrchError
 from ..paths import project_root
 from .common import age, handles_errors, print_json
+from .safe import shown
 
 sandbox_app = typer.Typer(
     help="Container sandboxes: build the image, show the lockdown, list and prune containers.",
@@ -46,12 +47,14 @@ def build_cmd(
     fallback = ""
     assert proc.stdout is not None
     for line in proc.stdout:
-        typer.echo(line.rstrip("\n"))
+        typer.echo(shown(line.rstrip("\n")))
         if ("debootstrap" in line or "cannot pull" in line) and not fallback:
             fallback = line.strip().removeprefix("build.sh: ")
     code = proc.wait()
     if fallback:
-        typer.echo(f"orch: no usable base image: fell back to debootstrap ({fallback})", err=True)
+        typer.echo(
+            f"orch: no usable base image: fell back to debootstrap ({shown(fallback)})", err=True
+        )
     if code != 0:
         raise OrchError(f"sandbox build failed (exit {code}); see the output above")
 
@@ -80,7 +83,7 @@ def config_cmd(as_json: JsonFlag = False) -> None:
         print_json(data)
         return
     for key, value in data.items():
-        typer.echo(f"{key:<20} {value}")
+        typer.echo(f"{key:<20} {shown(value)}")
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -118,12 +121,12 @@ def ps_cmd(as_json: JsonFlag = False) -> None:
         typer.echo("no orch containers")
         return
     typer.echo(f"{'container':<13} {'run':<16} {'owner':<14} {'state':<9} {'age':>5}  image")
-    for r in rows:
-        run = r["run_id"] or ("(pool)" if r["pool"] else "-")
-        owner = f"{r['owner_pid']} {'alive' if r['owner_alive'] else 'dead'}"
+    for r in rows:  # labels and names of containers: shown, never obeyed
+        run = shown(r["run_id"] or ("(pool)" if r["pool"] else "-"))
+        owner = shown(f"{r['owner_pid']} {'alive' if r['owner_alive'] else 'dead'}")
         typer.echo(
-            f"{r['id']:<13} {run:<16} {owner:<14} {r['state']:<9} {age(r['created_at']):>5}  "
-            f"{r['image']}"
+            f"{shown(r['id']):<13} {run:<16} {owner:<14} {shown(r['state']):<9} "
+            f"{age(r['created_at']):>5}  {shown(r['image'])}"
         )
 
 
@@ -155,8 +158,8 @@ def prune_cmd(as_json: JsonFlag = False) -> None:
         print_json({"removed_containers": removed, "removed_slots": [str(s) for s in slots]})
         return
     for cid in removed:
-        typer.echo(f"removed container {cid[:12]}")
+        typer.echo(f"removed container {shown(cid[:12])}")
     for slot in slots:
-        typer.echo(f"removed leftover sandbox directory {slot}")
+        typer.echo(f"removed leftover sandbox directory {shown(slot)}")
     if not removed and not slots:
         typer.echo("nothing to prune")

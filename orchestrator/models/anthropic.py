@@ -7,6 +7,7 @@ backoff on 429 / 5xx / dropped connections) apply.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -29,14 +30,44 @@ def make_client(max_retries: int = 4) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(api_key=key, max_retries=max_retries)
 
 
+def _sent(b: Any, name: str) -> bool:
+    """Whether the server sent field ``name`` of block ``b`` (the SDK does not validate)."""
+    return name in (getattr(b, "model_fields_set", None) or ())
+
+
 def _block(b: Any) -> Block:
+    """One content block as a dict, never raising on what a server or model got wrong.
+
+    A ``tool_use`` keeps ``input`` exactly as sent (an object, or a string, list,
+    number or null: the agent loop answers those with a tool error), and ``id`` and
+    ``name`` as sent; a field that was not sent is left out. A text that is not a
+    string becomes one; an entry that is not a block at all becomes a text block.
+    """
+    if isinstance(b, dict):
+        return dict(b)
     kind = getattr(b, "type", None)
-    if kind == "text":
-        return {"type": "text", "text": b.text}
     if kind == "tool_use":
-        return {"type": "tool_use", "id": b.id, "name": b.name, "input": dict(b.input or {})}
-    dumped: Block = b.model_dump(exclude_none=True)
-    return dumped
+        block: Block = {"type": "tool_use"}
+        for name in ("id", "name", "input"):
+            if _sent(b, name):
+                block[name] = getattr(b, name, None)
+        return block
+    if kind == "text":
+        text = getattr(b, "text", None)
+        return {"type": "text", "text": text if isinstance(text, str) else _as_text(text)}
+    if hasattr(b, "model_dump"):
+        dumped: Block = b.model_dump(exclude_none=True)
+        return dumped
+    return {"type": "text", "text": b if isinstance(b, str) else _as_text(b)}
+
+
+def _as_text(value: object) -> str:
+    return "" if value is None else json.dumps(value, default=str)
+
+
+def _tokens(usage: Any, name: str) -> int:
+    value = getattr(usage, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class AnthropicModel:
@@ -65,12 +96,15 @@ class AnthropicModel:
             raise ModelError(
                 f"cannot reach the model API ({e}); check ANTHROPIC_BASE_URL and the network"
             ) from e
-        usage = ModelUsage(
-            input_tokens=int(getattr(response.usage, "input_tokens", 0) or 0),
-            output_tokens=int(getattr(response.usage, "output_tokens", 0) or 0),
-        )
+        except anthropic.APIError as e:  # a response the SDK could not read
+            raise ModelError(f"model API error: {e}") from e
+        usage = getattr(response, "usage", None)
+        content = getattr(response, "content", None)
         return ModelResponse(
-            content=[_block(b) for b in response.content],
-            stop_reason=str(response.stop_reason or "end_turn"),
-            usage=usage,
+            content=[_block(b) for b in content] if isinstance(content, list) else [],
+            stop_reason=str(getattr(response, "stop_reason", None) or "end_turn"),
+            usage=ModelUsage(
+                input_tokens=_tokens(usage, "input_tokens"),
+                output_tokens=_tokens(usage, "output_tokens"),
+            ),
         )

@@ -8,7 +8,7 @@ dicts (``{"type": "text", ...}``, ``{"type": "tool_use", ...}``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 Block = dict[str, Any]
 Message = dict[str, Any]
@@ -39,18 +39,34 @@ class ModelResponse:
     stop_reason: str = "end_turn"
     usage: ModelUsage = field(default_factory=ModelUsage)
 
+    # What a model sends is not trusted to be well formed: a tool_use block keeps its
+    # ``input`` as sent (a string, a list, a number, null or absent: the agent loop answers
+    # those with a tool error), ids may repeat and ``id``/``name`` may be missing. Nothing
+    # here raises on such blocks.
     @property
     def tool_uses(self) -> list[Block]:
-        return [b for b in self.content if b.get("type") == "tool_use"]
+        return [b for b in self.content if isinstance(b, dict) and b.get("type") == "tool_use"]
 
     @property
     def raw_text(self) -> str:
         """The text blocks as sent, unstripped (for joining the pieces of a cut answer)."""
-        return "".join(b["text"] for b in self.content if b.get("type") == "text")
+        return "".join(_text_of(b) for b in self.content)
 
     @property
     def text(self) -> str:
-        return "\n".join(b["text"] for b in self.content if b.get("type") == "text").strip()
+        return "\n".join(_text_of(b) for b in self.content if _is_text(b)).strip()
+
+
+def _is_text(block: object) -> TypeGuard[Block]:
+    return isinstance(block, dict) and block.get("type") == "text"
+
+
+def _text_of(block: object) -> str:
+    """The text of a text block; "" for any other block or a text that is not a string."""
+    if not _is_text(block):
+        return ""
+    text = block.get("text")
+    return text if isinstance(text, str) else ""
 
 
 class Model(Protocol):

@@ -17,6 +17,10 @@ children stay deterministic::
           - expect_result: "pyproject"   # regex the previous tool results must match
             text: "It uses pytest."
 
+A tool call's ``input`` may be any JSON value (a string, a list, null: what a
+misbehaving model sends), and ``blocks`` adds content blocks exactly as written
+(a ``tool_use`` without ``id`` or ``name``, a repeated id), for hostile-model tests.
+
 Strict: a request no conversation matches, a run asking for more turns than
 its conversation has, an ``expect_result`` that does not match, or turns and
 runs left unconsumed at the end (``verify``) raise :class:`ScriptError`
@@ -48,7 +52,7 @@ class ScriptToolCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool: str
-    input: dict[str, Any] = Field(default_factory=dict)
+    input: Any = Field(default_factory=dict)  # any JSON value, sent as written
     id: str | None = None
 
 
@@ -57,6 +61,7 @@ class ScriptTurn(BaseModel):
 
     text: str = ""
     tool_calls: list[ScriptToolCall] = Field(default_factory=list)
+    blocks: list[dict[str, Any]] = Field(default_factory=list)  # sent as written, after those
     expect_result: str | None = None
     latency_s: float | None = None
     stop_reason: Literal["end_turn", "max_tokens", "tool_use"] | None = None
@@ -214,13 +219,15 @@ class ScriptedModel:
             content.append(
                 {"type": "tool_use", "id": call_id, "name": call.tool, "input": call.input}
             )
+        content.extend(dict(b) for b in turn.blocks)
         if not content:
             content.append({"type": "text", "text": ""})
         usage = ModelUsage(
             input_tokens=estimate_tokens([request.system, request.messages, request.tools]),
             output_tokens=estimate_tokens(content),
         )
-        stop = turn.stop_reason or ("tool_use" if turn.tool_calls else "end_turn")
+        calls = turn.tool_calls or any(b.get("type") == "tool_use" for b in turn.blocks)
+        stop = turn.stop_reason or ("tool_use" if calls else "end_turn")
         return ModelResponse(content=content, stop_reason=stop, usage=usage)
 
     def problems(self) -> list[str]:
