@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import OrchError, UsageError
+from .repo import discover_sync
 
 
 def project_root(start: Path | None = None) -> Path:
@@ -13,15 +13,7 @@ def project_root(start: Path | None = None) -> Path:
     if not start.is_dir():
         raise UsageError(f"{start} is not a directory; pass an existing --workdir")
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"],
-            cwd=start,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except FileNotFoundError:
+        top = discover_sync(start).work_tree  # hardened git (orchestrator.git)
+    except OrchError:  # not in a repository, or no git
         return start
-    if out.returncode == 0 and out.stdout.strip():
-        return Path(out.stdout.strip()).resolve()
-    return start
+    return top.resolve() if top else start

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from orchestrator.branches import list_branches, merge, prune
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import NotFound, OrchError, UsageError
+from orchestrator.repo import parse_shortstat, short_run_id
 from orchestrator.run import new_run_id
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.worktree import (
@@ -24,7 +26,6 @@ from orchestrator.workspaces.worktree import (
     branch_name,
     salvage_worktree,
 )
-from orchestrator.worktrees import list_worktrees, merge, parse_shortstat, prune, short_run_id
 
 AUTHOR = "orch coder <orch@localhost>"
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
@@ -143,7 +144,7 @@ def test_user_tree_untouched_and_work_committed_on_branch(repo: Path, hermetic_g
 
     branch = f"orch/coder/{short_run_id(spec.run_id)}"
     assert info == {"isolation": "worktree", "root": info["root"], "branch": branch,
-                    "base": head_before, "repo": str(repo)}  # fmt: skip
+                    "base": head_before, "repo": str(repo), "os_sandbox": "bwrap"}  # fmt: skip
     [artifact] = ws.artifacts()
     assert artifact == {
         "kind": "branch", "branch": branch, "base": head_before,
@@ -377,7 +378,7 @@ def test_not_a_repo_and_empty_repo_are_clear_errors(tmp_path: Path) -> None:
         asyncio.run(WorktreeWorkspace(make_spec(plain)).__aenter__())
     assert "\n" not in str(info.value)
     with pytest.raises(UsageError, match="git repo"):
-        asyncio.run(list_worktrees(plain))
+        list_branches(plain)
     empty = tmp_path / "empty"
     empty.mkdir()
     sh(empty, "init", "-q")
@@ -392,32 +393,32 @@ def test_not_a_repo_and_empty_repo_are_clear_errors(tmp_path: Path) -> None:
 def test_list_and_merge(repo: Path) -> None:
     head = sh(repo, "rev-parse", "HEAD")
     _, run_id = run_changes(repo, {"new.txt": "new\n", "a.txt": "one\n2\nthree\n"})
-    [info] = asyncio.run(list_worktrees(repo))
+    [info] = list_branches(repo)
     assert info.branch == branch_name("coder", run_id) and info.run_id == run_id
     assert (info.ahead, info.behind, info.base, info.path) == (1, 0, head, None)
     assert (info.files_changed, info.insertions, info.deletions) == (2, 2, 1)
     assert info.merged is False
 
-    report = asyncio.run(merge(repo, run_id))
+    report = merge(repo, run_id)
     assert report.into == "feature" and not report.already_merged and not report.stashed
     assert len(sh(repo, "rev-list", "--parents", "-n1", "HEAD").split()) == 3  # a merge commit
     assert (repo / "new.txt").read_text() == "new\n"
     assert sh(repo, "status", "--porcelain") == ""
     assert (report.files_changed, report.insertions, report.deletions) == (2, 2, 1)
-    [after] = asyncio.run(list_worktrees(repo))
+    [after] = list_branches(repo)
     assert after.merged and after.ahead == 0
-    assert asyncio.run(merge(repo, short_run_id(run_id))).already_merged
+    assert merge(repo, short_run_id(run_id)).already_merged
 
 
 def test_squash_merge(repo: Path) -> None:
     _, run_id = run_changes(repo, {"s.txt": "squashed\n"})
     branch = branch_name("coder", run_id)
-    report = asyncio.run(merge(repo, branch, squash=True))
+    report = merge(repo, branch, squash=True)
     assert report.squash and report.files_changed == 1
     assert len(sh(repo, "rev-list", "--parents", "-n1", "HEAD").split()) == 2  # one parent
     assert f"orch-run: {run_id}" in sh(repo, "log", "-1", "--format=%B")
     assert (repo / "s.txt").read_text() == "squashed\n"
-    [info] = asyncio.run(list_worktrees(repo))
+    [info] = list_branches(repo)
     assert info.merged and info.ahead == 1  # squash-merged: detected by content
     assert asyncio.run(prune(repo)).deleted_branches == [branch]
 
@@ -428,7 +429,7 @@ def test_conflicting_merge_is_refused_naming_the_file(repo: Path) -> None:
     sh(repo, "commit", "-q", "-am", "user edit")
     head = sh(repo, "rev-parse", "HEAD")
     with pytest.raises(UsageError, match=r"would conflict in a\.txt") as info:
-        asyncio.run(merge(repo, run_id))
+        merge(repo, run_id)
     assert "\n" not in str(info.value)
     assert sh(repo, "rev-parse", "HEAD") == head and sh(repo, "status", "--porcelain") == ""
 
@@ -438,10 +439,10 @@ def test_dirty_tree_refused_unless_stash(repo: Path) -> None:
     (repo / "b.txt").write_text("user's uncommitted change\n")
     head = sh(repo, "rev-parse", "HEAD")
     with pytest.raises(UsageError, match=r"uncommitted changes \(b\.txt\).*--stash"):
-        asyncio.run(merge(repo, run_id))
+        merge(repo, run_id)
     assert sh(repo, "rev-parse", "HEAD") == head and not (repo / "new.txt").exists()
 
-    report = asyncio.run(merge(repo, run_id, stash=True))
+    report = merge(repo, run_id, stash=True)
     assert report.stashed and report.warning is None
     assert (repo / "new.txt").exists()
     assert (repo / "b.txt").read_text() == "user's uncommitted change\n"
@@ -450,18 +451,18 @@ def test_dirty_tree_refused_unless_stash(repo: Path) -> None:
     sh(repo, "checkout", "-q", "b.txt")
     _, second = run_changes(repo, {"second.txt": "2\n"})
     (repo / "notes.txt").write_text("untracked files do not count as dirty\n")
-    assert not asyncio.run(merge(repo, second)).stashed
+    assert not merge(repo, second).stashed
     assert (repo / "second.txt").exists() and (repo / "notes.txt").exists()
 
 
 def test_merge_unknown_target(repo: Path) -> None:
     with pytest.raises(NotFound, match="orch worktrees list"):
-        asyncio.run(merge(repo, "r-doesnotexist"))
+        merge(repo, "r-doesnotexist")
 
 
 def test_prune_salvages_leftovers_and_deletes_merged_branches(repo: Path) -> None:
     _, merged_id = run_changes(repo, {"m.txt": "merged\n"})
-    asyncio.run(merge(repo, merged_id))
+    merge(repo, merged_id)
     _, unmerged_id = run_changes(repo, {"u.txt": "unmerged\n"})
     crashed, idle = make_spec(repo, agent="crash"), make_spec(repo, agent="idle")
 

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import worktrees as ops
 from ..errors import OrchError
 from ..paths import project_root
 from .common import fail
+from .safe import safe_text, shown
+
+if TYPE_CHECKING:
+    from ..branches import PruneReport
 
 T = TypeVar("T")
 
@@ -27,10 +30,10 @@ worktrees_app = typer.Typer(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
-def _call(make: Callable[[Path], Coroutine[Any, Any, T]]) -> T:
+def _call(make: Callable[[Path], T]) -> T:
     """Run one operation on the repository of the current directory; errors become one line."""
     try:
-        return asyncio.run(make(project_root()))
+        return make(project_root())
     except OrchError as e:
         raise fail(str(e), e.exit_code) from None
     except KeyboardInterrupt:
@@ -44,10 +47,10 @@ def _print_json(data: Any) -> None:
 def _run_checker(root: Path) -> tuple[Callable[[str], bool], Callable[[], None]]:
     """``is_running(run_id)`` from the store (a run it does not know counts as ended)."""
     try:
-        from ..store import Store
+        from ..store import open_store
     except ImportError:  # pragma: no cover - the store ships with orch
         return (lambda _run_id: False), (lambda: None)
-    store = Store.for_project(root)
+    store = open_store(root)
 
     def is_running(run_id: str) -> bool:
         record = store.get_run(run_id)
@@ -59,7 +62,9 @@ def _run_checker(root: Path) -> tuple[Callable[[str], bool], Callable[[], None]]
 @worktrees_app.command("list")
 def list_cmd(as_json: JsonFlag = False) -> None:
     """List orch branches: ahead/behind your HEAD, size of the change, merged or not."""
-    infos = _call(ops.list_worktrees)
+    from ..branches import list_branches  # GitPython: imported when used
+
+    infos = _call(list_branches)
     if as_json:
         _print_json([i.model_dump() for i in infos])
         return
@@ -70,8 +75,8 @@ def list_cmd(as_json: JsonFlag = False) -> None:
     for i in infos:
         changes = f"{i.files_changed} files +{i.insertions} -{i.deletions}"
         table.add_row(
-            i.branch, i.run_id or "-", str(i.ahead), str(i.behind), changes,
-            "yes" if i.merged else "no", i.path or "-",
+            safe_text(i.branch), safe_text(i.run_id or "-"), str(i.ahead), str(i.behind), changes,
+            "yes" if i.merged else "no", safe_text(i.path or "-"),
         )  # fmt: skip
     Console().print(table)
 
@@ -83,22 +88,40 @@ def merge_cmd(
     stash: Annotated[
         bool, typer.Option("--stash", help="Stash your uncommitted changes around the merge.")
     ] = False,
+    allow_control: Annotated[
+        bool,
+        typer.Option(
+            "--allow-control-files",
+            help="Also merge changes to control files (orch.toml, .orch/, .claude/, .git*, "
+            ".github/, hooks); without it such a branch is refused.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Merge a run's branch into your current branch (refuses on conflicts or a dirty tree)."""
-    report = _call(lambda root: ops.merge(root, target, squash=squash, stash=stash))
+    """Merge a run's branch into your current branch (refuses on conflicts, a dirty tree, or
+    changes to control files)."""
+    from ..branches import merge
+
+    report = _call(
+        lambda root: merge(
+            root, target, squash=squash, stash=stash, allow_control_files=allow_control
+        )
+    )
     if as_json:
         _print_json(report.model_dump())
     elif report.already_merged:
-        typer.echo(f"{report.branch} is already merged into {report.into}")
+        typer.echo(shown(f"{report.branch} is already merged into {report.into}"))
     else:
         how = "squash-merged" if report.squash else "merged"
-        typer.echo(
+        typer.echo(shown(
             f"{how} {report.branch} into {report.into} ({report.commit[:10]}): "
             f"{report.files_changed} files +{report.insertions} -{report.deletions}"
-        )
+        ))  # fmt: skip
+    if report.control_files and not as_json:
+        files = ", ".join(report.control_files)
+        typer.echo(shown(f"orch: merged changes to control files: {files}"), err=True)
     if report.warning and not as_json:
-        typer.echo(f"orch: {report.warning}", err=True)
+        typer.echo(shown(f"orch: {report.warning}"), err=True)
 
 
 @worktrees_app.command("prune")
@@ -110,27 +133,29 @@ def prune_cmd(
 ) -> None:
     """Remove worktrees of ended runs (committing leftover work) and delete merged branches."""
 
-    async def go(root: Path) -> ops.PruneReport:
+    from ..branches import prune
+
+    async def go(root: Path) -> PruneReport:
         is_running, close = _run_checker(root)
         try:
-            return await ops.prune(root, force=force, is_running=is_running)
+            return await prune(root, force=force, is_running=is_running)
         finally:
             close()
 
-    report = _call(go)
+    report = _call(lambda root: asyncio.run(go(root)))
     if as_json:
         _print_json(report.model_dump())
         return
     for artifact in report.salvaged:
-        typer.echo(f"salvaged work of an ended run onto {artifact['branch']}")
+        typer.echo(shown(f"salvaged work of an ended run onto {artifact['branch']}"))
     for path in report.removed_worktrees:
-        typer.echo(f"removed worktree {path}")
+        typer.echo(shown(f"removed worktree {path}"))
     for run_id in report.running:
-        typer.echo(f"kept worktree of running run {run_id}")
+        typer.echo(shown(f"kept worktree of running run {run_id}"))
     for branch in report.deleted_branches:
-        typer.echo(f"deleted branch {branch}")
+        typer.echo(shown(f"deleted branch {branch}"))
     for branch in report.kept_branches:
-        typer.echo(f"kept unmerged branch {branch} (merge it, or prune --force)")
+        typer.echo(shown(f"kept unmerged branch {branch} (merge it, or prune --force)"))
     if not any(
         (report.salvaged, report.removed_worktrees, report.running,
          report.deleted_branches, report.kept_branches)

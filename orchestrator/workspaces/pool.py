@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from ..config import SandboxSettings
 from ..errors import OrchError, UsageError
-from ..worktrees import NOT_A_REPO, ensure_orch_dir, git, main_root_from, orch_dir
+from ..repo import admin_dir, ensure_orch_dir, locate, orch_dir
 from .worktree import await_shielded
 
 WORKSPACE = "/workspace"
@@ -90,7 +90,6 @@ def docker_client() -> Any:
 @contextlib.contextmanager
 def docker_errors(image: str = "") -> Iterator[None]:
     """Engine errors as OrchError: unreachable, image missing, or the API's explanation."""
-    import requests
     from docker.errors import APIError, DockerException, ImageNotFound
 
     try:
@@ -99,7 +98,7 @@ def docker_errors(image: str = "") -> Iterator[None]:
         raise _image_missing(image) from None
     except APIError as e:
         raise OrchError(f"docker: {e.explanation or e}") from None
-    except (requests.exceptions.ConnectionError, DockerException) as e:
+    except (OSError, DockerException) as e:  # the SDK's connection errors are OSErrors
         raise _unreachable(e) from None
 
 
@@ -251,7 +250,9 @@ def _chown_tree(top: Path, uid: int, gid: int) -> None:
 
 def attach_tree(slot: Slot, tree: Path, uid: int, gid: int) -> str:
     """Give the container git access to the worktree now at ``tree``; returns its gitdir."""
-    gitdir = Path((tree / ".git").read_text().strip().removeprefix("gitdir:").strip())
+    gitdir = admin_dir(slot.common, tree)  # from the common dir, never the tree's .git
+    if gitdir is None:
+        raise OrchError(f"{tree} is not a registered worktree of {slot.common}")
     (slot.dir / "claim.json").write_text(json.dumps({"worktree": str(tree), "gitdir": str(gitdir)}))
     for name in ("HEAD", "index"):
         with contextlib.suppress(FileNotFoundError):
@@ -367,12 +368,8 @@ class ContainerPool:
         if self.size <= 0:
             return self  # pool_size 0: nothing to keep warm (and no engine needed)
         self.uid, self.gid = sandbox_user(self.cfg)
-        probe = await git("rev-parse", "--path-format=absolute", "--git-common-dir",
-                          "--show-toplevel", cwd=self.repo, check=False)  # fmt: skip
-        lines = probe.out.splitlines()
-        if probe.code != 0 or len(lines) < 2:
-            raise UsageError(NOT_A_REPO.format(path=self.repo))
-        self.common, self.main_root = Path(lines[0]), main_root_from(lines[0], lines[1])
+        repo = await locate(self.repo)  # not a repository: UsageError
+        self.common, self.main_root = repo.common_dir, repo.main_root
         key = _pool_key(self.common, self.cfg)
         if key in _POOLS:
             raise UsageError(f"a container pool for {self.main_root} is already open")
