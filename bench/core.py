@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config import Settings  # noqa: E402
 from orchestrator.definitions import load_catalog  # noqa: E402
-from orchestrator.delegation import Delegator  # noqa: E402
 from orchestrator.models import ModelProvider, ModelRequest, ModelResponse  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.runner import Runner  # noqa: E402
+from orchestrator.spec import RunSpec  # noqa: E402
+from orchestrator.store import open_store  # noqa: E402
 
 
 class BenchModel:
@@ -61,14 +62,14 @@ async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, 
     settings = Settings(max_parallel_children=cap)
     provider = ModelProvider(settings)
     provider.scripted = model  # type: ignore[assignment]  # any Model will do
-    delegator = Delegator(
+    runner = Runner(
         settings=settings,
-        store=Store.for_project(root),
+        store=open_store(root),
         catalog=load_catalog(root),
         models=provider,
     )
     t0 = time.perf_counter()
-    rec = await delegator.run_root("bench", workdir=root)
+    rec = await runner.run(RunSpec(prompt="bench", workdir=root))
     wall = time.perf_counter() - t0
     assert rec.status.value == "succeeded", rec.error
     return wall, model
@@ -104,22 +105,38 @@ def context_economy(root: Path, files: int = 20) -> dict[str, Any]:
     reads = [{"tool": "read_file", "input": {"path": f"economy/mod{i}.py"}} for i in range(files)]
     answer = "The 20 modules each define 60 small multiplier functions f<i>_<j>."
     alone = {"conversations": [{"turns": [{"tool_calls": reads}, {"text": answer}]}]}
-    delegated = {"conversations": [
-        {"depth": 0, "turns": [
-            {"tool_calls": [{"tool": "task", "input": {
-                "subagent_type": "explorer", "description": "survey modules",
-                "prompt": "Read every file in economy/ and summarize what they define."}}]},
-            {"text": answer}]},
-        {"depth": 1, "turns": [{"tool_calls": reads}, {"text": answer}]},
-    ]}
+    delegated = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {
+                        "tool_calls": [
+                            {
+                                "tool": "task",
+                                "input": {
+                                    "subagent_type": "explorer",
+                                    "description": "survey modules",
+                                    "prompt": "Read every file in economy/ and summarize what they define.",
+                                },
+                            }
+                        ]
+                    },
+                    {"text": answer},
+                ],
+            },
+            {"depth": 1, "turns": [{"tool_calls": reads}, {"text": answer}]},
+        ]
+    }
 
     async def last_input(script: dict[str, Any]) -> int:
         model = ScriptedModel.from_yaml(yaml.safe_dump(script))
         settings = Settings()
         provider = ModelProvider(settings, scripted=model)
-        delegator = Delegator(settings=settings, store=Store.for_project(root),
-                              catalog=load_catalog(root), models=provider)
-        rec = await delegator.run_root("Survey the economy/ modules.", workdir=root)
+        runner = Runner(
+            settings=settings, store=open_store(root), catalog=load_catalog(root), models=provider
+        )
+        rec = await runner.run(RunSpec(prompt="Survey the economy/ modules.", workdir=root))
         assert rec.status.value == "succeeded", rec.error
         parent = [r for r in model.requests if r.run_id == rec.run_id]
         from orchestrator.models.scripted import estimate_tokens
@@ -129,9 +146,14 @@ def context_economy(root: Path, files: int = 20) -> dict[str, Any]:
 
     itself = asyncio.run(last_input(alone))
     via_child = asyncio.run(last_input(delegated))
-    return {"measure": "parent context: last request input tokens, 1 child vs itself (20 files)",
-            "orch_ms": float(via_child), "raw_ms": float(itself), "ratio": via_child / itself,
-            "goal": "≤ 0.1×", "met": via_child / itself <= 0.1}
+    return {
+        "measure": "parent context: last request input tokens, 1 child vs itself (20 files)",
+        "orch_ms": float(via_child),
+        "raw_ms": float(itself),
+        "ratio": via_child / itself,
+        "goal": "≤ 0.1×",
+        "met": via_child / itself <= 0.1,
+    }
 
 
 def run(samples: int = 60) -> list[dict[str, Any]]:

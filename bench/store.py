@@ -17,18 +17,24 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.run import Activity, RunRecord, RunStatus, Usage  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.store import SqliteStore  # noqa: E402
 
 
 def _row(measure: str, orch: float, raw: float, goal: str, met: bool) -> dict[str, Any]:
-    return {"measure": measure, "orch_ms": orch, "raw_ms": raw,
-            "ratio": orch / raw if raw else None, "goal": goal, "met": met}
+    return {
+        "measure": measure,
+        "orch_ms": orch,
+        "raw_ms": raw,
+        "ratio": orch / raw if raw else None,
+        "goal": goal,
+        "met": met,
+    }
 
 
 def progress_writes(n: int = 300) -> dict[str, Any]:
     """What the loop writes per tool call vs one bare INSERT+COMMIT in the same kind of DB."""
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "orch.db")
+        store = SqliteStore(Path(tmp) / "orch.db")
         store.create_run(RunRecord(run_id="r-bench", chain_id="c"))
         times = []
         for i in range(n):
@@ -51,26 +57,43 @@ def progress_writes(n: int = 300) -> dict[str, Any]:
         raw_db.close()
         store.close()
     o, r = statistics.median(times) * 1000, statistics.median(raw) * 1000
-    return _row("progress writes per tool call (3 writes) vs 1 raw INSERT, median", o, r,
-                "≤ 1 ms", o <= 1.0)
+    return _row(
+        "progress writes per tool call (3 writes) vs 1 raw INSERT, median", o, r, "≤ 1 ms", o <= 1.0
+    )
 
 
 def _fill(root: Path, n: int) -> None:
     """n ended runs from the past days, in chains of four, and a few running now."""
     old = time.time() - 3 * 86400
-    store = Store.for_project(root)
+    store = SqliteStore.for_project(root)
     db = store._conn()
     db.execute("BEGIN")
     for i in range(n):
-        rec = RunRecord(run_id=f"r-{i:012d}", chain_id=f"c-{i // 4:012d}",
-                        parent_run_id=f"r-{i - 1:012d}" if i % 4 else None, depth=i % 4,
-                        status=RunStatus.SUCCEEDED, summary="done " * 20,
-                        last_activity=Activity(tool="bash", summary="bash: pytest -q", at=0.0),
-                        usage=Usage(turns=3, tool_uses=5, input_tokens=1000, output_tokens=200))
-        db.execute("INSERT INTO runs (run_id, chain_id, parent_run_id, depth, status, created_at,"
-                   " updated_at, pid, data) VALUES (?,?,?,?,?,?,?,?,?)",
-                   (rec.run_id, rec.chain_id, rec.parent_run_id, rec.depth, rec.status.value,
-                    old + i, old + i, None, rec.model_dump_json()))
+        rec = RunRecord(
+            run_id=f"r-{i:012d}",
+            chain_id=f"c-{i // 4:012d}",
+            parent_run_id=f"r-{i - 1:012d}" if i % 4 else None,
+            depth=i % 4,
+            status=RunStatus.SUCCEEDED,
+            summary="done " * 20,
+            last_activity=Activity(tool="bash", summary="bash: pytest -q", at=0.0),
+            usage=Usage(turns=3, tool_uses=5, input_tokens=1000, output_tokens=200),
+        )
+        db.execute(
+            "INSERT INTO runs (run_id, chain_id, parent_run_id, depth, status, created_at,"
+            " updated_at, pid, data) VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                rec.run_id,
+                rec.chain_id,
+                rec.parent_run_id,
+                rec.depth,
+                rec.status.value,
+                old + i,
+                old + i,
+                None,
+                rec.model_dump_json(),
+            ),
+        )
     db.execute("COMMIT")
     store.close()
 
@@ -83,10 +106,14 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         orch_cmd = [sys.executable, "-m", "orchestrator", "ps", "--json", "-C", tmp]
         all_cmd = [sys.executable, "-m", "orchestrator", "ps", "--all", "--json", "-C", tmp]
-        raw_cmd = [sys.executable, "-c",
-                   "import sqlite3,json,sys;c=sqlite3.connect(sys.argv[1]);"
-                   "r=[json.loads(d) for (d,) in c.execute('SELECT data FROM runs')];"
-                   "sys.stdout.write(json.dumps(r))", str(root / ".orch" / "orch.db")]
+        raw_cmd = [
+            sys.executable,
+            "-c",
+            "import sqlite3,json,sys;c=sqlite3.connect(sys.argv[1]);"
+            "r=[json.loads(d) for (d,) in c.execute('SELECT data FROM runs')];"
+            "sys.stdout.write(json.dumps(r))",
+            str(root / ".orch" / "orch.db"),
+        ]
 
         def timed(cmd: list[str]) -> float:
             t0 = time.perf_counter()
@@ -96,7 +123,7 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
         recent_code = (
             "import sqlite3, json, sys, time\n"
             "c = sqlite3.connect(sys.argv[1])\n"
-            "q = \"SELECT data FROM runs WHERE updated_at >= ?\"\n"
+            'q = "SELECT data FROM runs WHERE updated_at >= ?"\n'
             "q += \" OR status IN ('queued', 'running')\"\n"
             "r = [json.loads(d) for (d,) in c.execute(q, (time.time() - 3600,))]\n"
             "sys.stdout.write(json.dumps(r))\n"
@@ -104,13 +131,27 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
         recent_cmd = [sys.executable, "-c", recent_code, str(root / ".orch" / "orch.db")]
         o = statistics.median(timed(orch_cmd) for _ in range(samples)) * 1000
         r0 = statistics.median(timed(recent_cmd) for _ in range(samples)) * 1000
-        rows.append(_row(f"`orch ps --json` with {n:,} stored runs (whole command)", o, r0,
-                         "≤ 300 ms", o <= 300))
+        rows.append(
+            _row(
+                f"`orch ps --json` with {n:,} stored runs (whole command)",
+                o,
+                r0,
+                "≤ 300 ms",
+                o <= 300,
+            )
+        )
         r = statistics.median(timed(raw_cmd) for _ in range(samples)) * 1000
         a = statistics.median(timed(all_cmd) for _ in range(samples)) * 1000
-        rows.append(_row(f"`orch ps --all --json` listing all {n:,} runs (whole command)", a, r,
-                         "≤ 300 ms", a <= 300))
-        store = Store.for_project(root)
+        rows.append(
+            _row(
+                f"`orch ps --all --json` listing all {n:,} runs (whole command)",
+                a,
+                r,
+                "≤ 300 ms",
+                a <= 300,
+            )
+        )
+        store = SqliteStore.for_project(root)
         t0 = time.perf_counter()
         store.list_raw()
         inner = (time.perf_counter() - t0) * 1000
@@ -120,8 +161,7 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
         raw_inner = (time.perf_counter() - t0) * 1000
         db.close()
         store.close()
-        rows.append(_row(f"ps listing in-process over {n:,} runs", inner, raw_inner,
-                         "-", True))
+        rows.append(_row(f"ps listing in-process over {n:,} runs", inner, raw_inner, "-", True))
     return rows
 
 
@@ -133,7 +173,8 @@ from pathlib import Path
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from orchestrator.config import Settings
 from orchestrator.definitions import load_catalog
-from orchestrator.delegation import Delegator
+from orchestrator.runner import Runner
+from orchestrator.spec import RunSpec
 from orchestrator.models import ModelProvider, ModelResponse
 
 N = {n}
@@ -155,11 +196,11 @@ async def main():
     settings = Settings(max_parallel_children=N)
     provider = ModelProvider(settings)
     provider.scripted = Slow()
-    from orchestrator.store import Store
-    d = Delegator(settings=settings, store=Store.for_project(tmp), catalog=load_catalog(tmp),
+    from orchestrator.store import open_store
+    d = Runner(settings=settings, store=open_store(tmp), catalog=load_catalog(tmp),
                   models=provider)
     before = rss()
-    job = asyncio.create_task(d.run_root("go", workdir=tmp))
+    job = asyncio.create_task(d.run(RunSpec(prompt="go", workdir=tmp)))
     while len(d.jobs) < N + 1:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
@@ -181,9 +222,14 @@ asyncio.run(main())
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     per_run, per_task = (float(x) for x in out.stdout.split())
-    return {"measure": f"memory per idle background run ({n} runs), KiB", "orch_ms": per_run / 1024,
-            "raw_ms": per_task / 1024, "ratio": per_run / per_task, "goal": "report",
-            "met": True}
+    return {
+        "measure": f"memory per idle background run ({n} runs), KiB",
+        "orch_ms": per_run / 1024,
+        "raw_ms": per_task / 1024,
+        "ratio": per_run / per_task,
+        "goal": "report",
+        "met": True,
+    }
 
 
 def run() -> list[dict[str, Any]]:
@@ -194,8 +240,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'measure':<70} {'orch':>10} {'raw':>10} {'ratio':>7}  goal      met")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        print(f"{r['measure']:<70} {r['orch_ms']:>10.3f} {r['raw_ms']:>10.3f} {ratio:>7}  "
-              f"{r['goal']:<9} {'yes' if r['met'] else 'NO'}")
+        print(
+            f"{r['measure']:<70} {r['orch_ms']:>10.3f} {r['raw_ms']:>10.3f} {ratio:>7}  "
+            f"{r['goal']:<9} {'yes' if r['met'] else 'NO'}"
+        )
 
 
 if __name__ == "__main__":

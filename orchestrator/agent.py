@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -20,32 +21,26 @@ from .config import Settings
 from .models.base import Block, Message, Model, ModelRequest
 from .policy import Policy, run_hooks
 from .run import Evidence, RunRecord, RunStatus, Usage
-from .store import Store
-from .tools.base import ToolFailure, ToolOutput, ToolRegistry
-from .workspaces.base import Workspace
+from .store import RunStore
+from .tools.base import ToolContext, ToolFailure, ToolOutput, ToolRegistry
 
 if TYPE_CHECKING:
     from .definitions import AgentDefinition, Catalog
-    from .delegation import Delegator
 
 
 @dataclass
 class RunContext:
-    """Everything one run's tools may use. Made by the Delegator, one per run."""
+    """One run as its loop sees it. Made by the Runner; tools get only ``tool_ctx``."""
 
     record: RunRecord
     definition: AgentDefinition
     settings: Settings
-    store: Store
+    store: RunStore
     model: Model
-    model_name: str
     tools: ToolRegistry
     policy: Policy
-    workspace: Workspace
-    env: dict[str, str]
     catalog: Catalog
-    delegator: Delegator
-    evidence: Evidence = field(default_factory=Evidence)
+    tool_ctx: ToolContext
     usage: Usage = field(default_factory=Usage)
     # Texts to hand the model with its next request (background-child notifications).
     notifications: list[str] = field(default_factory=list)
@@ -56,12 +51,29 @@ class RunContext:
     def run_id(self) -> str:
         return self.record.run_id
 
+    @property
+    def model_name(self) -> str:
+        return self.record.model
+
+    @property
+    def evidence(self) -> Evidence:
+        return self.tool_ctx.evidence
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.tool_ctx.env)
+
+    @property
+    def root(self) -> Path:
+        return self.tool_ctx.runtime.root
+
 
 @dataclass
 class LoopOutcome:
     status: RunStatus
     text: str
     error: str | None = None
+    artifacts: list[dict[str, Any]] = field(default_factory=list)  # a driver's own
 
 
 CONTINUE = (
@@ -90,14 +102,12 @@ class AgentRun:
         ctx: RunContext,
         *,
         max_turns: int,
-        before_turn: Callable[[RunContext], Awaitable[None]] | None = None,
         before_finish: Callable[[RunContext], Awaitable[bool]] | None = None,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.ctx = ctx
         self.on_progress = on_progress or (lambda: None)
         self.max_turns = max_turns
-        self.before_turn = before_turn
         # Returns True when the run must go on (e.g. background children delivered results).
         self.before_finish = before_finish
         self.messages: list[Message] = []
@@ -110,7 +120,7 @@ class AgentRun:
         parts = [d.system_prompt.strip() or "You are a capable coding agent."]
         parts.append(
             "\n# Environment\n"
-            f"- Workspace root: {ctx.workspace.root} (isolation: {ctx.workspace.isolation}). "
+            f"- Workspace root: {ctx.root} (isolation: {ctx.record.isolation}). "
             "File tool paths are relative to it.\n"
             f"- You are agent '{d.name}' at delegation depth {ctx.record.depth} "
             f"(limit {ctx.record.max_depth}).\n"
@@ -142,8 +152,6 @@ class AgentRun:
                     self.last_text,
                     f"max_turns ({self.max_turns}) reached before a final answer",
                 )
-            if self.before_turn is not None:
-                await self.before_turn(ctx)
             self._deliver_notifications()
             turns += 1
             request = ModelRequest(
@@ -201,8 +209,9 @@ class AgentRun:
 
     async def _call(self, call: Block) -> Block:
         ctx = self.ctx
-        name = str(call.get("name", ""))
-        raw = call.get("input") or {}
+        name = call.get("name")
+        name = name if isinstance(name, str) else repr(name)
+        raw = call.get("input")
         args: dict[str, Any] = raw if isinstance(raw, dict) else {}
         ctx.usage.tool_uses += 1
         ctx.store.add_event(
@@ -213,7 +222,13 @@ class AgentRun:
         )
         ctx.inflight += 1
         try:
-            output = await self._execute(name, args)
+            if isinstance(raw, dict):
+                output = await self._execute(name, args)
+            else:
+                kind = "null" if raw is None else type(raw).__name__
+                output = ToolOutput(
+                    f"invalid input for {name}: the input must be a JSON object, not {kind}", True
+                )
         finally:
             ctx.inflight -= 1
         self.on_progress()
@@ -240,15 +255,17 @@ class AgentRun:
 
     async def _execute(self, name: str, args: dict[str, Any]) -> ToolOutput:
         ctx = self.ctx
-        decision = ctx.policy.check_call(name, args)
+        tool = ctx.tools.get(name)
+        if tool is None:
+            offered = ", ".join(sorted(ctx.policy.offered_tools()))
+            return ToolOutput(f"unknown tool {name[:100]!r}; your tools: {offered}", True)
+        # Command checks are CPU work on untrusted text: never on the event loop.
+        decision = await asyncio.to_thread(ctx.policy.check_call, name, args)
         if not decision.allowed:
             ctx.store.add_event(
                 ctx.run_id, "tool_refused", {"tool": name, "reason": decision.reason}
             )
             return ToolOutput(decision.reason, is_error=True)
-        tool = ctx.tools.get(name)
-        if tool is None:
-            return ToolOutput(f"unknown tool {name!r}", is_error=True)
         try:
             parsed = tool.input_model.model_validate(args)
         except ValidationError as e:
@@ -263,7 +280,7 @@ class AgentRun:
             "PreToolUse",
             name,
             payload,
-            cwd=ctx.workspace.root,
+            cwd=ctx.root,
             env=ctx.env,
         )
         if pre.blocked:
@@ -272,7 +289,7 @@ class AgentRun:
         limit = tool.time_limit(parsed, ctx.settings)
         try:
             async with asyncio.timeout(limit):
-                output = await tool.run(ctx, parsed)
+                output = await tool.run(ctx.tool_ctx, parsed)
         except TimeoutError:
             output = ToolOutput(f"{name} did not finish within {limit:g}s; cancelled", True)
         except ToolFailure as e:
@@ -285,7 +302,7 @@ class AgentRun:
                 "PostToolUse",
                 name,
                 {**payload, "tool_response": output.content[:10_000]},
-                cwd=ctx.workspace.root,
+                cwd=ctx.root,
                 env=ctx.env,
             )
             if post.blocked:
@@ -301,5 +318,5 @@ class AgentRun:
             "chain_id": r.chain_id,
             "depth": r.depth,
             "agent": r.agent,
-            "cwd": str(self.ctx.workspace.root),
+            "cwd": str(self.ctx.root),
         }

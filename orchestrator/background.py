@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
-from .store import Store, state_dir
+from .store import RunStore, state_dir
 from .workspaces.base import kill_group_ref, process_start
 
 HEARTBEAT_S = 1.0
@@ -51,7 +51,7 @@ def me() -> tuple[int, int | None]:
 class Supervisor:
     """Runs beside the runs of one process: heartbeats and cancel requests."""
 
-    def __init__(self, store: Store, live: Callable[[], dict[str, asyncio.Task[RunRecord]]]):
+    def __init__(self, store: RunStore, live: Callable[[], dict[str, asyncio.Task[RunRecord]]]):
         self.store = store
         self.live = live
         self._task: asyncio.Task[None] | None = None
@@ -84,7 +84,7 @@ class Supervisor:
                 job.cancel("cancel requested")
 
 
-def reap(store: Store, run_id: str) -> list[str]:
+def reap(store: RunStore, run_id: str) -> list[str]:
     """Reap what a run whose owner is gone left behind; returns what was done."""
     done: list[str] = []
     for res in store.resources(run_id):
@@ -111,7 +111,7 @@ def reap(store: Store, run_id: str) -> list[str]:
     return done
 
 
-def reconcile(store: Store) -> list[RunRecord]:
+def reconcile(store: RunStore) -> list[RunRecord]:
     """Mark runs whose owner is gone as interrupted and reap their resources."""
     fixed: list[RunRecord] = []
     for rec in store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING]):

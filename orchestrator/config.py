@@ -24,9 +24,6 @@ from pydantic import (
 
 from .errors import UsageError
 
-Isolation = Literal["shared", "worktree", "container"]
-ISOLATIONS: tuple[str, ...] = ("shared", "worktree", "container")
-
 
 def _valid_regex(pattern: str) -> str:
     try:
@@ -36,7 +33,7 @@ def _valid_regex(pattern: str) -> str:
     return pattern
 
 
-# Token-level checks built into orch (policy.BUILTIN_CHECKS), named by a DenyRule's ``check``.
+# Token-level checks built into orch (commands.BUILTIN_CHECKS), named by a DenyRule's ``check``.
 BuiltinCheck = Literal["rm_dangerous", "git_push_force", "git_reset_hard", "git_clean_force"]
 
 
@@ -86,7 +83,10 @@ DEFAULT_DENY: list[DenyRule] = [
         reason="git config injection (-c / --config-env) can run arbitrary commands",
     ),
     DenyRule(
-        pattern=r"^chmod\s+(-[a-zA-Z]*R[a-zA-Z]*\s+)\S+\s+/(\s|$)", reason="recursive chmod of /"
+        # possessive, the R found by a lookahead: -[a-zA-Z]*R[a-zA-Z]*\s was quadratic in
+        # the length of the option word
+        pattern=r"^chmod\s+-(?=[a-zA-Z]*R)[a-zA-Z]++\s+\S++\s+/(\s|$)",
+        reason="recursive chmod of /",
     ),
     DenyRule(pattern=r":\(\)\s*\{", reason="fork bomb"),
     DenyRule(
@@ -172,6 +172,9 @@ class SandboxSettings(BaseModel):
     shell: str = "bash"
     ttl_s: int = Field(default=6 * 3600, ge=10)  # the container's main process: sleep <ttl_s>
     pool_size: int = Field(default=0, ge=0)
+    # The host tiers (shared, worktree): bash under bubblewrap, or "off" (unsandboxed).
+    os: Literal["bwrap", "off"] = "bwrap"
+    hidden: list[str] = Field(default_factory=list)  # more secret paths hidden from commands
 
 
 class Settings(BaseModel):
@@ -193,17 +196,32 @@ class Settings(BaseModel):
     bash_timeout_s: float = 120.0
     tool_timeout_s: float = 300.0  # any other tool call (bash: its own timeout + 15 s)
     tool_output_limit: int = 50_000
+    max_read_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)  # one file tool read
     child_output_limit: int = 32_000
     bash_deny: list[DenyRule] = Field(default_factory=lambda: list(DEFAULT_DENY))
     extra_bash_deny: list[DenyRule] = Field(default_factory=list)  # added to bash_deny
+    max_command_bytes: int = Field(default=100_000, ge=1)  # longer bash commands are refused
     secret_env_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS))
     extra_secret_env: list[str] = Field(default_factory=list)
     hooks: Hooks = Field(default_factory=Hooks)
     auto_background_after: float = 120.0  # seconds; 0 turns it off
     stall_timeout: float = 600.0
+    # Host-tier commands: "none" (default) or "host" (the machine's network).
+    network: Literal["none", "host"] = "none"
+    extra_env: dict[str, str] = Field(default_factory=dict)  # given to sandboxed commands
     worktree_include: list[str] = Field(default_factory=list)
     agents_dirs: list[str] = Field(default_factory=list)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+
+    @field_validator("extra_env")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, str]) -> dict[str, str]:
+        from .osbox import is_secret_name
+
+        if bad := sorted(k for k in v if is_secret_name(k) or not k or "=" in k):
+            names = ", ".join(bad)
+            raise ValueError(f"{names} look like secrets; sandboxed commands never get them")
+        return v
 
     def resolve_model(self, name: str | None) -> str:
         name = name or self.model

@@ -15,12 +15,11 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .config import ISOLATIONS, Isolation
 from .errors import OrchError, UsageError
 
 # Our own tool names pass through a ``tools`` list unchanged.
@@ -95,7 +94,7 @@ class AgentDefinition(BaseModel):
     permission_mode: str | None = None
     max_turns: int | None = None
     skills: list[str] = Field(default_factory=list)
-    isolation: Isolation | None = None
+    isolation: str | None = None  # a tier name from workspaces.registry
     background: bool = False
     color: str | None = None
     system_prompt: str = ""
@@ -309,8 +308,10 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
     if max_turns is not None and (type(max_turns) is not int or max_turns < 1):
         raise p.error("maxTurns", f"'maxTurns' must be a whole number >= 1, not {max_turns!r}")
     isolation = p.opt_str("isolation", "'isolation: worktree'")
-    if isolation is not None and isolation not in ISOLATIONS:
-        one_of = ", ".join(ISOLATIONS)
+    from .workspaces.registry import TIER_NAMES
+
+    if isolation is not None and isolation not in TIER_NAMES:
+        one_of = ", ".join(TIER_NAMES)
         raise p.error("isolation", f"'isolation' must be one of {one_of}, not {isolation!r}")
     background = p.data.get("background")
     if background is not None and not isinstance(background, bool):
@@ -327,7 +328,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
         permission_mode=p.opt_str("permissionMode", "'permissionMode: default'"),
         max_turns=max_turns,
         skills=p.str_list("skills", "'skills: git-hygiene, code-review-checklist'") or [],
-        isolation=cast(Isolation | None, isolation),
+        isolation=isolation,
         background=bool(background),
         color=p.opt_str("color", "'color: blue'"),
         system_prompt=p.body,

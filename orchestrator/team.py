@@ -1,8 +1,10 @@
 """Teams: a writer and a reviewer taking turns on one branch until the reviewer approves.
 
 ``run_team`` makes one QueryChain: a root run (agent ``team``, depth 0, no
-model of its own) and, for each round, a writer run and one or two reviewer
-runs as its children (depth 1), all visible in ``orch tree`` / ``orch ps``.
+model of its own: the :class:`_Team` driver is its body) and, for each round,
+a writer run and one or two reviewer runs as its children (depth 1), all
+visible in ``orch tree`` / ``orch ps``. The team is a client of the engine:
+every run goes through ``Runner.spawn`` and the runner writes every record.
 
 1. The writer works in its own worktree (or container) on a branch
    ``orch/<writer>/<id>`` made from the user's HEAD; its work is committed
@@ -29,26 +31,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .agent import LoopOutcome
+from .branches import control_changes
+from .branches import merge as merge_branch
 from .definitions import AgentDefinition
-from .delegation import Delegator, QueryChain
 from .errors import OrchError, UsageError
-from .run import RunRecord, RunStatus, now
-from .worktrees import diff_stats, git, main_repo_root, rev
-from .worktrees import merge as merge_branch
+from .git import RepoPaths, git
+from .repo import diff_stats, discover, rev
+from .run import RunRecord, RunStatus
+from .runner import Runner
+from .spec import RunSpec
+from .workspaces.registry import tier_config
+from .workspaces.shared import SharedConfig
 
 DIFF_LIMIT = 60_000  # characters of the diff put in the reviewer's prompt
 ANSWER_QUOTE = 2_000  # characters of a malformed answer quoted back to the reviewer
-WRITE_TOOLS = frozenset({"write_file", "edit_file", "bash"})
 TEAM_ISOLATIONS = ("worktree", "container")
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
 
-TEAM_AGENT = AgentDefinition(
-    name="team",
-    description="A writer and a reviewer taking turns on one branch (orch team run).",
-    tools=["task"],
-    system_prompt="",
-    source="orch team",
-)
 
 VERDICT_FORMAT = (
     '{"verdict": "approve" | "changes_requested", "summary": "<two or three sentences>", '
@@ -203,44 +203,62 @@ def reviewer_retry(first_prompt: str, answer: str, problem: str) -> str:
 # -- running a team -----------------------------------------------------------------
 
 
-async def _base_commit(workdir: Path) -> tuple[Path, str]:
+async def _base_commit(workdir: Path) -> tuple[RepoPaths, str]:
     try:
-        repo = await main_repo_root(workdir)
+        repo = (await discover(workdir)).main()
     except UsageError:
         raise UsageError(
             f"orch team needs a git repository: {workdir} is not inside one; "
             "run `git init` and make a first commit"
         ) from None
-    head = await rev("HEAD", workdir)
+    head = await rev("HEAD", repo)
     if head is None:
         raise UsageError(
-            f"the git repository at {repo} has no commits yet; make a first commit, then run "
-            "orch team"
+            f"the git repository at {repo.main_root} has no commits yet; make a first commit, "
+            "then run orch team"
         )
     return repo, head
 
 
-async def branch_diff(repo: Path, base: str, commit: str, limit: int = DIFF_LIMIT) -> str:
-    result = await git("diff", "--no-color", "--no-ext-diff", base, commit, cwd=repo)
+DIFF_FLAGS = ("--no-color", "--no-ext-diff", "--no-textconv", "--ignore-submodules=dirty")
+
+
+async def branch_diff(repo: RepoPaths, base: str, commit: str, limit: int = DIFF_LIMIT) -> str:
+    """The branch's diff for the reviewer; changes to control files are listed first."""
+    result = await git("diff", *DIFF_FLAGS, base, commit, repo=repo)
     text = result.out
     if len(text) > limit:
-        stat = await git("diff", "--stat", "--no-color", base, commit, cwd=repo)
+        stat = await git("diff", "--stat", *DIFF_FLAGS, base, commit, repo=repo)
         text = (
             f"{text[:limit]}\n[diff cut at {limit:,} of {len(text):,} characters; read the "
             f"files for the rest. Files changed:]\n{stat.out}"
         )
-    return text or "(empty diff: the branch has no changes against the base)"
+    text = text or "(empty diff: the branch has no changes against the base)"
+    control = await asyncio.to_thread(control_changes, repo, base, commit)
+    if control:
+        text = (
+            "[CONTROL FILES CHANGED: these steer orch, git or CI on the user's machine; they are "
+            "not merged without --allow-control-files. Review them first:]\n"
+            + "\n".join(f"  {p}" for p in control)
+            + "\n\n"
+            + text
+        )
+    return text
 
 
 class _Team:
     """One team run: the root record, its rounds, and what is reported at the end."""
 
+    root: RunRecord  # set when the runner starts the root run (``drive``)
+    runner: Runner
+
     def __init__(
-        self, delegator: Delegator, root: RunRecord, *, repo: Path, workdir: Path, prompt: str,
+        self, definition: AgentDefinition, *, repo: RepoPaths, workdir: Path, prompt: str,
         writer: str, reviewer: str, rounds: int, isolation: str, merge: bool, result: TeamResult,
+        allow_control_files: bool = False,
     ) -> None:  # fmt: skip
-        self.d = delegator
-        self.root = root
+        self.definition = definition
+        self.allow_control_files = allow_control_files
         self.repo = repo
         self.workdir = workdir
         self.prompt = prompt
@@ -257,21 +275,30 @@ class _Team:
             TeamRun(round=n, role=role, run_id=rec.run_id, status=rec.status, error=rec.error)
         )
 
-    async def drive(self) -> RunRecord:
+    async def drive(self, record: RunRecord, runner: Runner) -> LoopOutcome:
+        """The root run's body: the rounds, then the outcome the runner records."""
+        self.root, self.runner = record, runner
+        self.result.root_run_id, self.result.chain_id = record.run_id, record.chain_id
         try:
             await self._rounds()
             if self.result.approved and self.merge:
                 await self._merge()
-        except asyncio.CancelledError:
-            self.result.error = self.result.error or "cancelled"
-            self._finish(RunStatus.CANCELLED)
-            raise
         except OrchError as e:
             self.result.error = str(e)
         except Exception as e:  # a bug must end the team as failed, not leave it running
             self.result.error = f"{type(e).__name__}: {e}".strip()
         ok = self.result.approved and self.result.error is None
-        return self._finish(RunStatus.SUCCEEDED if ok else RunStatus.FAILED)
+        return self._outcome(RunStatus.SUCCEEDED if ok else RunStatus.FAILED)
+
+    async def _child(
+        self, agent: str, prompt: str, description: str, isolation: str, **tier: str
+    ) -> RunRecord:
+        spec = RunSpec(
+            prompt=prompt, agent=agent, description=description, parent_run_id=self.root.run_id,
+            workdir=self.workdir,
+            workspace=tier_config(isolation).model_copy(update=tier),
+        )  # fmt: skip
+        return await self.runner.wait(await self.runner.spawn(spec))
 
     async def _rounds(self) -> None:
         res = self.result
@@ -284,10 +311,9 @@ class _Team:
                 assert previous is not None
                 prompt = writer_followup(self.prompt, res.branch, n, previous)
                 options = {"branch": res.branch, "base": res.base}
-            wrec = await self.d.run_child(
-                self.root, agent=self.writer, prompt=prompt, description=f"team round {n}: write",
-                isolation=self.isolation, base=self.workdir, workspace_options=options,
-            )  # fmt: skip
+            wrec = await self._child(
+                self.writer, prompt, f"team round {n}: write", self.isolation, **options
+            )
             self._note(n, "writer", wrec)
             made = [str(a["branch"]) for a in wrec.artifacts if a.get("kind") == "branch"]
             if res.branch is not None and made and made[0] != res.branch:
@@ -312,7 +338,7 @@ class _Team:
                 )
             verdict = await self._review(n, res.branch, res.commit, previous)
             res.verdicts.append(verdict)
-            self.d.store.add_event(
+            self.runner.event(
                 self.root.run_id, "team_verdict",
                 {"round": n, "commit": res.commit, **verdict.model_dump()},
             )  # fmt: skip
@@ -332,11 +358,8 @@ class _Team:
         )
         prompt, problem, seen = first, "", []
         for attempt in (1, 2):
-            rrec = await self.d.run_child(
-                self.root, agent=self.reviewer, prompt=prompt, isolation="worktree",
-                description=f"team round {n}: review" + (" (again)" if attempt == 2 else ""),
-                base=self.workdir, workspace_options={"branch": branch},
-            )  # fmt: skip
+            what = f"team round {n}: review" + (" (again)" if attempt == 2 else "")
+            rrec = await self._child(self.reviewer, prompt, what, "worktree", branch=branch)
             self._note(n, "reviewer", rrec)
             seen.append(rrec.run_id)
             if rrec.status != RunStatus.SUCCEEDED:
@@ -346,7 +369,7 @@ class _Team:
                 return parse_verdict(rrec.output)
             except VerdictError as e:
                 problem = str(e)
-                self.d.store.add_event(
+                self.runner.event(
                     self.root.run_id, "team_bad_verdict",
                     {"round": n, "run_id": rrec.run_id, "problem": problem},
                 )  # fmt: skip
@@ -359,7 +382,12 @@ class _Team:
     async def _merge(self) -> None:
         assert self.result.branch is not None
         try:
-            report = await merge_branch(self.workdir, self.result.branch)
+            report = await asyncio.to_thread(
+                merge_branch,
+                self.workdir,
+                self.result.branch,
+                allow_control_files=self.allow_control_files,
+            )
         except OrchError as e:
             raise OrchError(f"approved, but merging {self.result.branch} failed: {e}") from None
         self.result.merged = True
@@ -381,30 +409,19 @@ class _Team:
             lines.append(f"error: {res.error}" if res.approved else f"not approved: {res.error}")
         return "\n".join(lines)
 
-    def _finish(self, status: RunStatus) -> RunRecord:
+    def _outcome(self, status: RunStatus) -> LoopOutcome:
         res = self.result
         res.status = status
         artifacts: list[dict[str, Any]] = []
         if res.branch and res.commit:
             artifacts.append({"kind": "branch", "branch": res.branch, "base": res.base,
                               "commit": res.commit, **self.stats})  # fmt: skip
-        text = self.summary()
-        done = self.d.store.update_run(
-            self.root.run_id, status=status, output=text, summary=text[:2000],
-            error=None if status == RunStatus.SUCCEEDED else res.error or status.value,
-            artifacts=artifacts, ended_at=now(),
-        )  # fmt: skip
-        self.d.store.save_output(self.root.run_id, text)
-        self.d.store.add_event(
-            self.root.run_id, "run_finished",
-            {"status": status.value, "error": done.error, "artifacts": artifacts,
-             "approved": res.approved, "merged": res.merged},
-        )  # fmt: skip
-        return done
+        error = None if status == RunStatus.SUCCEEDED else res.error or status.value
+        return LoopOutcome(status, self.summary(), error, artifacts)
 
 
 async def run_team(
-    delegator: Delegator,
+    runner: Runner,
     *,
     prompt: str,
     workdir: Path,
@@ -413,6 +430,7 @@ async def run_team(
     rounds: int = 3,
     isolation: str = "worktree",
     merge: bool = False,
+    allow_control_files: bool = False,
 ) -> TeamResult:
     """Run a writer/reviewer team on ``prompt`` in the git repository around ``workdir``."""
     if not prompt.strip():
@@ -424,50 +442,36 @@ async def run_team(
             f"a team needs a branch per writer: isolation must be worktree or container, "
             f"not {isolation!r}"
         )
-    if delegator.settings.max_depth < 1:
+    if runner.settings.max_depth < 1:
         raise UsageError("a team's writer and reviewer run at depth 1; set max_depth to 1 or more")
     workdir = await asyncio.to_thread(workdir.resolve)
     repo, base = await _base_commit(workdir)
-    names = delegator.tools.names()
-    writer_tools = delegator.catalog.agent(writer).allowed_tools(names)
-    reviewer_tools = delegator.catalog.agent(reviewer).allowed_tools(names)
-    if writes := sorted(WRITE_TOOLS.intersection(reviewer_tools)):
+    names = runner.tools.names()
+    writer_tools = runner.catalog.agent(writer).allowed_tools(names)
+    reviewer_tools = runner.catalog.agent(reviewer).allowed_tools(names)
+    if writes := sorted(runner.tools.writers().intersection(reviewer_tools)):
         raise UsageError(
             f"the reviewer must be read-only, but agent {reviewer!r} has {', '.join(writes)}; "
             "pick an agent with only read_file, glob and grep (like the bundled 'reviewer')"
         )
-    tools = list(dict.fromkeys([*writer_tools, *reviewer_tools, "task"]))
-    root = delegator.new_record(
-        prompt=prompt, definition=TEAM_AGENT, chain=QueryChain.root(), parent=None,
-        allowed_tools=tools, isolation="shared", model_name=delegator.models.resolve(None),
-        description=prompt[:80],
-        options={"workdir": str(workdir), "team": {"writer": writer, "reviewer": reviewer,
-                 "rounds": rounds, "isolation": isolation, "merge": merge, "base": base}},
-    )  # fmt: skip
-    result = TeamResult(root_run_id=root.run_id, chain_id=root.chain_id,
-                        status=RunStatus.RUNNING, base=base, max_rounds=rounds)  # fmt: skip
-    delegator.store.update_run(root.run_id, status=RunStatus.RUNNING, started_at=now())
-    delegator.store.add_event(
-        root.run_id, "run_started",
-        {"agent": "team", "model": root.model, "depth": 0, "max_depth": root.max_depth,
-         "chain_id": root.chain_id, "parent_run_id": None, "allowed_tools": tools,
-         "isolation": "shared", "writer": writer, "reviewer": reviewer, "rounds": rounds},
-    )  # fmt: skip
+    definition = AgentDefinition(
+        name="team",
+        description="A writer and a reviewer taking turns on one branch (orch team run).",
+        tools=list(dict.fromkeys([*writer_tools, *reviewer_tools, "task"])),
+        system_prompt="",
+        source="orch team",
+    )
+    result = TeamResult(root_run_id="", chain_id="", status=RunStatus.RUNNING, base=base,
+                        max_rounds=rounds)  # fmt: skip
     team = _Team(
-        delegator, root, repo=repo, workdir=workdir, prompt=prompt, writer=writer,
+        definition, repo=repo, workdir=workdir, prompt=prompt, writer=writer,
         reviewer=reviewer, rounds=rounds, isolation=isolation, merge=merge, result=result,
+        allow_control_files=allow_control_files,
     )  # fmt: skip
-    job = asyncio.create_task(team.drive(), name=f"orch-team-{root.run_id}")
-    delegator.jobs[root.run_id] = job
-    async with delegator.supervised():
-        try:
-            record = await job
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # we were cancelled (Ctrl+C): the team was cancelled with us
-            record = delegator.store.require_run(root.run_id)  # `orch cancel` from elsewhere
-        finally:
-            delegator.jobs.pop(root.run_id, None)
+    spec = RunSpec(prompt=prompt, workdir=workdir, workspace=SharedConfig())
+    record = await runner.run(spec, driver=team)
+    result.root_run_id, result.chain_id = record.run_id, record.chain_id
     result.status = record.status
+    if record.status != RunStatus.SUCCEEDED and result.error is None:
+        result.error = record.error
     return result

@@ -1,4 +1,4 @@
-"""Helpers for tests: build a Delegator over a scripted model and a real store."""
+"""Helpers for tests: build a Runner over a scripted model and a real store."""
 
 from __future__ import annotations
 
@@ -15,22 +15,41 @@ import yaml
 
 from orchestrator.config import Settings
 from orchestrator.definitions import Catalog, load_catalog
-from orchestrator.delegation import Delegator
 from orchestrator.models import ModelProvider, ScriptedModel
 from orchestrator.run import RunRecord
-from orchestrator.store import Store
+from orchestrator.runner import Provision, Runner
+from orchestrator.spec import Limits, RunSpec
+from orchestrator.store import SqliteStore
+from orchestrator.workspaces.registry import tier_config
 
 
 @dataclass
 class Harness:
     root: Path
-    store: Store
+    store: SqliteStore
     model: ScriptedModel
-    delegator: Delegator
+    runner: Runner
     catalog: Catalog
 
+    def spec(
+        self,
+        prompt: str = "do the thing",
+        *,
+        agent: str | None = None,
+        isolation: str | None = None,
+        max_turns: int | None = None,
+        timeout_seconds: float | None = None,
+    ) -> RunSpec:
+        return RunSpec(
+            prompt=prompt,
+            agent=agent,
+            workdir=self.root,
+            workspace=tier_config(isolation) if isolation else None,
+            limits=Limits(max_turns=max_turns, timeout_seconds=timeout_seconds),
+        )
+
     def run(self, prompt: str = "do the thing", **kwargs: Any) -> RunRecord:
-        return asyncio.run(self.delegator.run_root(prompt, workdir=self.root, **kwargs))
+        return asyncio.run(self.runner.run(self.spec(prompt, **kwargs)))
 
     def runs(self, chain_id: str) -> list[RunRecord]:
         return self.store.list_runs(chain_id=chain_id)
@@ -44,16 +63,19 @@ def harness(
     script: dict[str, Any] | str,
     *,
     agents_dirs: list[Path] | None = None,
+    provision: Provision | None = None,
     **settings: Any,
 ) -> Harness:
     text = script if isinstance(script, str) else yaml.safe_dump(script)
     model = ScriptedModel.from_yaml(text, "test-script")
     cfg = Settings(**settings)
-    store = Store.for_project(root)
+    store = SqliteStore.for_project(root)
     catalog = load_catalog(root, agents_dirs=agents_dirs or [])
     provider = ModelProvider(cfg, scripted=model)
-    delegator = Delegator(settings=cfg, store=store, catalog=catalog, models=provider)
-    return Harness(root, store, model, delegator, catalog)
+    runner = Runner(
+        settings=cfg, store=store, catalog=catalog, models=provider, provision=provision
+    )
+    return Harness(root, store, model, runner, catalog)
 
 
 def task_call(prompt: str, **extra: Any) -> dict[str, Any]:
@@ -110,3 +132,54 @@ def gone(pid: int, timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def host_pids(marker: str) -> list[int]:
+    """Pids (in this PID namespace) of processes whose command line holds ``marker``.
+
+    Commands run under the OS sandbox in a PID namespace of their own, so ``$$`` and
+    ``$!`` written by them are not host pids: tests find them by a unique marker.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def none_left(marker: str, timeout: float = 5.0) -> bool:
+    """True once no process with ``marker`` in its command line runs."""
+    end = time.monotonic() + timeout
+    while host_pids(marker):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git in ``cwd`` as a user would (tests run under the hermetic-env guards)."""
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def init_repo(root: Path, files: dict[str, str] | None = None, *, branch: str = "main") -> Path:
+    """A git repository at ``root`` with ``files`` committed on ``branch`` by The User."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    git(root, "init", "-q", "-b", branch)
+    git(root, "config", "user.name", "The User")
+    git(root, "config", "user.email", "user@example.com")
+    git(root, "config", "commit.gpgsign", "false")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "--allow-empty", "-m", "init")
+    return root

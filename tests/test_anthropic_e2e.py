@@ -12,16 +12,17 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.definitions import load_catalog
-from orchestrator.delegation import Delegator
 from orchestrator.models import ModelProvider
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.store import Store
+from orchestrator.runner import Runner
+from orchestrator.spec import RunSpec
+from orchestrator.store import open_store
 from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 
 
-async def _run(delegator: Delegator, provider: ModelProvider, prompt: str, root: Path) -> RunRecord:
+async def _run(runner: Runner, provider: ModelProvider, prompt: str, root: Path) -> RunRecord:
     async with provider:
-        return await delegator.run_root(prompt, workdir=root)
+        return await runner.run(RunSpec(prompt=prompt, workdir=root))
 
 
 def _agent_of(body: dict[str, Any]) -> tuple[str, int]:
@@ -77,12 +78,12 @@ def test_real_sdk_end_to_end(api: FakeAPI, project: Path, tmp_path: Path) -> Non
     (project / "secret.txt").write_text("CHILD-TOOL-OUTPUT-4411\n")
     (project.parent / "outside.txt").write_text("OUTSIDE-DATA\n")
     settings = Settings(max_depth=2, model="sonnet")
-    store = Store.for_project(project)
+    store = open_store(project)
     catalog = load_catalog(project)
     provider = ModelProvider(settings)
-    delegator = Delegator(settings=settings, store=store, catalog=catalog, models=provider)
+    runner = Runner(settings=settings, store=store, catalog=catalog, models=provider)
 
-    root = asyncio.run(_run(delegator, provider, "Look at this project.", project))
+    root = asyncio.run(_run(runner, provider, "Look at this project.", project))
     assert root.status == RunStatus.SUCCEEDED, root.error
     assert root.output == "parent done"
 
@@ -130,12 +131,12 @@ def test_sdk_retries_injected_faults(api: FakeAPI, project: Path) -> None:
     api.responder = lambda body: text_reply("made it")
     api.fail_first = 3  # 429, 500, 529 in a row; the SDK retries with backoff
     settings = Settings()
-    store = Store.for_project(project)
+    store = open_store(project)
     provider = ModelProvider(settings)
-    delegator = Delegator(
+    runner = Runner(
         settings=settings, store=store, catalog=load_catalog(project), models=provider
     )
-    root = asyncio.run(_run(delegator, provider, "hi", project))
+    root = asyncio.run(_run(runner, provider, "hi", project))
     assert root.status == RunStatus.SUCCEEDED and root.output == "made it"
     assert api.served == 4
 
@@ -144,11 +145,11 @@ def test_persistent_errors_fail_the_run_clearly(api: FakeAPI, project: Path) -> 
     api.fail_first = 1000
     api.faults = (500,)
     settings = Settings()
-    store = Store.for_project(project)
+    store = open_store(project)
     provider = ModelProvider(settings)
-    delegator = Delegator(
+    runner = Runner(
         settings=settings, store=store, catalog=load_catalog(project), models=provider
     )
-    root = asyncio.run(_run(delegator, provider, "hi", project))
+    root = asyncio.run(_run(runner, provider, "hi", project))
     assert root.status == RunStatus.FAILED
     assert root.error is not None and "model API error 500" in root.error

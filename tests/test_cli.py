@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import gone, orch, write_script
+from tests.support import none_left, orch, write_script
 
 RESULT_KEYS = {
     "run_id",
@@ -203,7 +203,7 @@ def test_ctrl_c_cancels_the_whole_tree(repo: Path) -> None:
                             "tool_calls": [
                                 {
                                     "tool": "bash",
-                                    "input": {"command": "echo $$ > sleeper.pid; sleep 60"},
+                                    "input": {"command": "echo $$ > sleeper.pid; sleep 60.301"},
                                 }
                             ]
                         },
@@ -239,10 +239,10 @@ def test_ctrl_c_cancels_the_whole_tree(repo: Path) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert gone(int(pidfile.read_text()))
-    from orchestrator.store import Store
+    assert none_left("sleep 60.301")
+    from orchestrator.store import open_store
 
-    statuses = {r.status.value for r in Store.for_project(repo).list_runs()}
+    statuses = {r.status.value for r in open_store(repo).list_runs()}
     assert statuses == {"cancelled"}
 
 

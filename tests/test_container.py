@@ -25,7 +25,7 @@ from orchestrator.cli.sandbox import sandbox_app
 from orchestrator.config import SandboxSettings
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.run import RunStatus, new_run_id
-from orchestrator.store import Store
+from orchestrator.store import open_store
 from orchestrator.workspaces import pool as pool_mod
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.container import (
@@ -332,7 +332,7 @@ def _refused_forks(container_id: str) -> int | None:
     return int(events.read_text().split()[1]) if events.exists() else None
 
 
-# -- through the Delegator ------------------------------------------------------------------
+# -- through the Runner ---------------------------------------------------------------------
 
 
 def test_agent_works_in_a_container_on_its_branch(
@@ -406,7 +406,7 @@ def test_failed_and_cancelled_runs_leave_no_container(repo: Path, sandbox_image:
     h = harness(repo, sleeper, sandbox=cfg)
 
     async def cancel_midway() -> str:
-        job = asyncio.create_task(h.delegator.run_root("x", workdir=repo, isolation="container"))
+        job = asyncio.create_task(h.runner.run(h.spec("x", isolation="container")))
         started = repo / ".orch" / "worktrees"
         await asyncio.to_thread(wait_for, lambda: any(started.glob("r-*/started")))
         [run_id] = [r.run_id for r in h.store.list_runs() if r.status == RunStatus.RUNNING]
@@ -442,17 +442,17 @@ def test_sigkilled_worker_is_reconciled(repo: Path, sandbox_image: str) -> None:
     started = repo / ".orch" / "worktrees" / run_id / "started"
     wait_for(started.exists)
     [cid] = labelled(f"orch.run_id={run_id}")
-    worker = Store.for_project(repo).require_run(run_id).pid
+    worker = open_store(repo).require_run(run_id).pid
     assert worker is not None
     os.kill(worker, signal.SIGKILL)
     wait_for(lambda: not alive(worker), 10)
     rows = json.loads(orch("ps", "--json").stdout)
     row = next(x for x in rows if x["run_id"] == run_id)
     assert row["status"] == "interrupted"
-    rec = Store.for_project(repo).require_run(run_id)
+    rec = open_store(repo).require_run(run_id)
     assert f"removed container {cid[:12]}" in (rec.error or "")
     assert not labelled(f"orch.run_id={run_id}") and leftovers(repo) == []
-    assert Store.for_project(repo).resources(run_id) == []
+    assert open_store(repo).resources(run_id) == []
     branch = f"orch/general/{run_id[2:10]}"
     assert sh(repo, "show", f"{branch}:started") == "work"  # the work was salvaged
 

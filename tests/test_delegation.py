@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from orchestrator.run import RunRecord, RunStatus
-from tests.support import gone, harness, task_call, tool_results
+from tests.support import harness, none_left, task_call, tool_results
 
 
 def _child_result_text(h_requests: list[object]) -> str:
@@ -347,7 +347,7 @@ def test_child_timeout_returns_partial_output(project: Path) -> None:
         ]
     }
     h = harness(project, script, timeout_seconds=1.0)
-    root = asyncio.run(h.delegator.run_root("go", workdir=project, timeout_seconds=30))
+    root = asyncio.run(h.runner.run(h.spec("go", timeout_seconds=30)))
     child = h.store.children(root.run_id)[0]
     assert child.status == RunStatus.TIMED_OUT
     result = tool_results(h.requests_of(root.run_id)[-1])[0]
@@ -402,7 +402,10 @@ def test_cancel_reaches_every_descendant(project: Path) -> None:
                 "turns": [
                     {
                         "tool_calls": [
-                            {"tool": "bash", "input": {"command": "echo $$ > pid.txt; sleep 60"}}
+                            {
+                                "tool": "bash",
+                                "input": {"command": "echo $$ > pid.txt; sleep 60.401"},
+                            }
                         ]
                     },
                     {"text": "never"},
@@ -413,7 +416,7 @@ def test_cancel_reaches_every_descendant(project: Path) -> None:
     h = harness(project, script)
 
     async def main() -> str:
-        job = asyncio.create_task(h.delegator.run_root("go", workdir=project))
+        job = asyncio.create_task(h.runner.run(h.spec("go")))
         for _ in range(200):
             await asyncio.sleep(0.05)
             if (project / "pid.txt").exists():
@@ -425,11 +428,11 @@ def test_cancel_reaches_every_descendant(project: Path) -> None:
             pass
         return (project / "pid.txt").read_text().strip()
 
-    pid = int(asyncio.run(main()))
+    asyncio.run(main())
     runs = h.store.list_runs()
     assert len(runs) == 3
     assert {r.status for r in runs} == {RunStatus.CANCELLED}
-    assert gone(pid)
+    assert none_left("sleep 60.401")
     assert h.store.resources() == []
 
 
@@ -455,11 +458,11 @@ def test_cancelling_one_child_leaves_its_parent_running(project: Path) -> None:
     h = harness(project, script)
 
     async def main() -> RunRecord:
-        job = asyncio.create_task(h.delegator.run_root("go", workdir=project))
+        job = asyncio.create_task(h.runner.run(h.spec("go")))
         while not (project / "up").exists():  # noqa: ASYNC110 - a file from another process
             await asyncio.sleep(0.05)
-        (child_id,) = [r for r in h.delegator.jobs if h.store.require_run(r).depth == 1]
-        h.delegator.jobs[child_id].cancel()  # as `orch cancel <child>` does through the store
+        (child_id,) = [r for r in h.runner.jobs if h.store.require_run(r).depth == 1]
+        h.runner.jobs[child_id].cancel()  # as `orch cancel <child>` does through the store
         return await job
 
     root = asyncio.run(main())

@@ -15,10 +15,11 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.definitions import load_catalog
-from orchestrator.delegation import Delegator
 from orchestrator.models import ModelProvider
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.store import Store
+from orchestrator.runner import Runner
+from orchestrator.spec import RunSpec
+from orchestrator.store import open_store
 from orchestrator.tools import builtin_tools
 from orchestrator.tools.base import Tool, ToolInput, ToolOutput
 from orchestrator.tools.delegate import delegation_tools
@@ -47,10 +48,10 @@ def fan_out_responder(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _run(settings: Settings, root: Path, prompt: str = "go") -> RunRecord:
     provider = ModelProvider(settings)
-    delegator = Delegator(settings=settings, store=Store.for_project(root),
+    runner = Runner(settings=settings, store=open_store(root),
                           catalog=load_catalog(root), models=provider)
     async with provider:
-        return await asyncio.wait_for(delegator.run_root(prompt, workdir=root), 120)
+        return await asyncio.wait_for(runner.run(RunSpec(prompt=prompt, workdir=root)), 120)
 
 
 @pytest.mark.slow
@@ -62,7 +63,7 @@ def test_thirty_percent_faults_and_slow_answers_never_hang(
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
         root = asyncio.run(_run(Settings(), project))
-    store = Store.for_project(project)
+    store = open_store(project)
     runs = store.list_runs()
     assert len(runs) == 5
     for r in runs:
@@ -131,7 +132,7 @@ def test_a_tool_that_raises_is_a_tool_error_and_the_loop_goes_on(project: Path) 
         {"expect_result": "explode failed: RuntimeError: tool bug", "text": "recovered"},
     ]}]}
     h = harness(project, script)
-    h.delegator.tools.add(Explode())
+    h.runner.tools.add(Explode())
     root = h.run()
     assert root.status == RunStatus.SUCCEEDED and root.output == "recovered"
     bad, glob = tool_results(h.requests_of(root.run_id)[1])
@@ -171,7 +172,7 @@ def test_a_tool_that_hangs_is_cut_off_and_the_loop_goes_on(project: Path) -> Non
         {"expect_result": "did not finish within 0.5s", "text": "moved on"},
     ]}]}
     h = harness(project, script)
-    h.delegator.tools.add(Hang())
+    h.runner.tools.add(Hang())
     root = h.run()
     assert root.status == RunStatus.SUCCEEDED and root.output == "moved on"
 

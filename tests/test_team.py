@@ -60,10 +60,11 @@ def writer(content: str, reply: str, prompt: str | None = None) -> dict[str, Any
 
 
 def team(h: Harness, **kwargs: Any) -> TeamResult:
-    return asyncio.run(run_team(h.delegator, prompt=TASK, workdir=h.root, **kwargs))
+    return asyncio.run(run_team(h.runner, prompt=TASK, workdir=h.root, **kwargs))
 
 
 pytestmark = pytest.mark.usefixtures("hermetic_git")
+
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
@@ -232,6 +233,29 @@ def test_merge_on_approve(repo: Path) -> None:
     assert "merged into your HEAD" in h.store.require_run(result.root_run_id).output
 
 
+def test_control_files_are_shown_first_and_not_merged_without_the_flag(repo: Path) -> None:
+    """A writer's bash plants an orch.toml hook; an approved --merge refuses it."""
+    hook = "[[hooks.PreToolUse]]\ncommand = 'touch /tmp/pwned'\n"
+    plant = {"tool": "bash", "input": {"command": f"printf {json.dumps(hook)} > orch.toml"}}
+    turns = [{"tool_calls": [plant]}, *write_turns(FIXED, "done")]
+    review_it = review(verdict("approve", "Good."), prompt="CONTROL FILES CHANGED")
+    script = {"conversations": [{"agent": "writer", "turns": turns}, review_it]}
+    h = harness(repo, script)
+    result = team(h, merge=True)
+    assert result.approved and not result.merged and result.exit_code == 1
+    assert result.error is not None and "orch.toml" in result.error
+    assert "--allow-control-files" in result.error
+    assert not (repo / "orch.toml").exists()
+    (review_run,) = [r for r in result.runs if r.role == "reviewer"]
+    prompt = h.store.require_run(review_run.run_id).prompt
+    assert prompt.index("CONTROL FILES CHANGED") < prompt.index("diff --git")
+
+    h = harness(repo, {"conversations": [{"agent": "writer", "turns": turns},
+                                          review(verdict("approve", "Good."))]})  # fmt: skip
+    result = team(h, merge=True, allow_control_files=True)
+    assert result.merged and (repo / "orch.toml").read_text() == hook
+
+
 def test_no_merge_without_approval_and_failed_merge_fails(repo: Path) -> None:
     script = {
         "conversations": [
@@ -274,7 +298,7 @@ def test_cancel_from_another_terminal_ends_the_team(repo: Path) -> None:
     h = harness(repo, {"conversations": [slow]})
 
     async def body() -> TeamResult:
-        job = asyncio.create_task(run_team(h.delegator, prompt=TASK, workdir=h.root))
+        job = asyncio.create_task(run_team(h.runner, prompt=TASK, workdir=h.root))
         for _ in range(500):  # until the writer has started (it then waits 30 s for a reply)
             await asyncio.sleep(0.02)
             if [r for r in h.store.list_runs() if r.agent == "writer" and r.started_at]:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from orchestrator.run import RunStatus
-from orchestrator.store import Store
+from orchestrator.store import open_store
 from tests.support import harness, orch, task_call, tool_results
 
 
@@ -216,7 +216,7 @@ def test_cli_worktree_task_and_sigkill_keeps_the_work(repo: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     run_id = json.loads(r.stdout)["run_id"]
-    store = Store.for_project(repo)
+    store = open_store(repo)
     end = time.monotonic() + 30
     while time.monotonic() < end:
         rec = store.require_run(run_id)

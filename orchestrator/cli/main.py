@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,10 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..background import reconcile, spawn_worker
+from ..background import reconcile
 from ..errors import UsageError
 from ..run import RunRecord, RunResult, RunStatus
-from ..workspaces.base import process_start
 from .common import (
     Project,
     chain_tree,
@@ -27,10 +27,13 @@ from .common import (
     print_json,
     run_label,
 )
+from .engine import make_runner
+from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
-    from ..delegation import Delegator
-    from ..models import ModelProvider, ScriptedModel
+    from ..models import ScriptedModel
+    from ..runner import Runner
+    from ..spec import RunSpec
 
 app = typer.Typer(
     name="orch",
@@ -65,85 +68,48 @@ def _register_subapps() -> None:
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
 
 
+def root_spec(
+    project: Project,
+    prompt: str,
+    *,
+    agent: str,
+    isolation: str | None,
+    max_depth: int | None = None,
+    max_turns: int | None = None,
+    timeout: float | None = None,
+    background: bool = False,
+) -> RunSpec:
+    from ..spec import Limits, RunSpec
+    from ..workspaces.registry import tier_config
+
+    # An `orch task` started by an agent's command joins that agent's chain as its child
+    # (depth + 1, the chain's limits), never a fresh chain at depth 0.
+    parent = os.environ.get("ORCH_PARENT_RUN_ID") or None
+    return RunSpec(
+        prompt=prompt,
+        agent=agent,
+        parent_run_id=parent,
+        workdir=project.workdir,
+        workspace=tier_config(isolation) if isolation else None,
+        limits=Limits(max_turns=max_turns, timeout_seconds=timeout, max_depth=max_depth),
+        background=background,
+    )
+
+
 def is_git_repo(path: Path) -> bool:
     return (path / ".git").exists()
 
 
-def all_agents_dirs(project: Project, flags: list[Path]) -> list[Path]:
-    """``--agents-dir`` flags first, then ``agents_dirs`` from the settings (project-relative)."""
-    return [*flags, *(project.root / Path(d).expanduser() for d in project.settings.agents_dirs)]
-
-
-def make_delegator(project: Project, provider: ModelProvider, agents_dirs: list[Path]) -> Delegator:
-    from ..definitions import load_catalog
-    from ..delegation import Delegator
-
-    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
-    return Delegator(
-        settings=project.settings, store=project.store, catalog=catalog, models=provider
-    )
-
-
-def run_tree(
-    project: Project,
-    prompt: str,
-    *,
-    provider: ModelProvider,
-    agent: str,
-    isolation: str | None,
-    agents_dirs: list[Path],
-    max_turns: int | None,
-    timeout: float | None,
-) -> RunRecord:
-    delegator = make_delegator(project, provider, agents_dirs)
+def run_tree(runner: Runner, spec: RunSpec) -> RunRecord:
+    """Run a root spec to its end; in the background: store it and start its worker."""
 
     async def go() -> RunRecord:
-        async with provider:
-            return await delegator.run_root(
-                prompt,
-                agent=agent,
-                isolation=isolation,
-                workdir=project.workdir,
-                max_turns=max_turns,
-                timeout_seconds=timeout,
-            )
+        async with runner.models:
+            if spec.background:
+                return (await runner.spawn(spec)).record
+            return await runner.run(spec)
 
     return asyncio.run(go())
-
-
-def start_background(
-    project: Project,
-    prompt: str,
-    *,
-    provider: ModelProvider,
-    agent: str,
-    isolation: str | None,
-    agents_dirs: list[Path],
-    max_turns: int | None,
-    timeout: float | None,
-    overrides: dict[str, object],
-    model_spec: str | None,
-) -> RunRecord:
-    """Store the root run as queued and hand it to a detached worker process."""
-    delegator = make_delegator(project, provider, agents_dirs)
-    if model_spec and model_spec.startswith("scripted:"):
-        model_spec = "scripted:" + str(Path(model_spec.removeprefix("scripted:")).resolve())
-    record = delegator.prepare_root(
-        prompt,
-        agent=agent,
-        isolation=isolation,
-        workdir=project.workdir,
-        max_turns=max_turns,
-        timeout_seconds=timeout,
-        background=True,
-        options={
-            "model_spec": model_spec,
-            "agents_dirs": [str(p.resolve()) for p in agents_dirs],
-            "overrides": {k: v for k, v in overrides.items() if v is not None},
-        },
-    )
-    pid = spawn_worker(project.root, record.run_id)
-    return project.store.update_run(record.run_id, pid=pid, pid_start=process_start(pid))
 
 
 def report(
@@ -155,17 +121,14 @@ def report(
         print_json(result.model_dump(mode="json"))
     else:
         if result.summary:
-            out.print(result.summary, markup=False)
+            out.print(safe_text(result.summary, multiline=True))
         if result.status != RunStatus.SUCCEEDED:
-            err.print(
-                f"orch: run {result.run_id} {result.status.value}: {result.error}", markup=False
-            )
+            err.print(safe_text(f"orch: run {result.run_id} {result.status.value}: {result.error}"))
     if script is not None and result.status == RunStatus.SUCCEEDED:
         problems = script.problems()
         if problems:
             err.print(
-                f"orch: {script.source}: script not fully used: " + "; ".join(problems),
-                markup=False,
+                safe_text(f"orch: {script.source}: script not fully used: " + "; ".join(problems))
             )
             code = 1
     raise typer.Exit(code)
@@ -199,49 +162,43 @@ def task(
     """Run an agent on PROMPT; it may delegate to child agents through `task`."""
     if not prompt.strip():
         raise UsageError("the prompt is empty; say what the agent should do")
-    if isolation is not None and isolation not in ("shared", "worktree", "container"):
-        raise UsageError(f"unknown isolation {isolation!r}; choose shared, worktree or container")
     if timeout is not None and not math.isfinite(timeout):
         raise UsageError("--timeout must be a number of seconds greater than 0")
     from ..models import ModelProvider
+    from ..workspaces.registry import tier_config
 
+    config = tier_config(isolation) if isolation is not None else None
     project = open_project(workdir, max_depth=max_depth, model=model)
-    if isolation in ("worktree", "container") and not is_git_repo(project.root):
+    if config is not None and config.needs_git and not is_git_repo(project.root):
         raise UsageError(
             f"--isolation {isolation} needs a git repository: run inside one "
             "(or `git init` and commit), or use --isolation shared"
         )
+    if background and os.environ.get("ORCH_PARENT_RUN_ID"):
+        raise UsageError(
+            "this orch runs inside an agent's command (ORCH_PARENT_RUN_ID is set): it joins that "
+            "agent's chain and cannot run detached; drop --background"
+        )
+    if background and model and model.startswith("scripted:"):
+        model = "scripted:" + str(Path(model.removeprefix("scripted:")).resolve())
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
+    spec = root_spec(
+        project, prompt, agent=agent, isolation=isolation, max_depth=max_depth,
+        max_turns=max_turns, timeout=timeout, background=background,
+    )  # fmt: skip
+    runner = make_runner(
+        project, provider, agents_dir or [], model_spec=model,
+        overrides={"max_depth": max_depth, "model": model},
+    )  # fmt: skip
+    record = run_tree(runner, spec)
     if background:
-        record = start_background(
-            project,
-            prompt,
-            provider=provider,
-            agent=agent,
-            isolation=isolation,
-            agents_dirs=agents_dir or [],
-            max_turns=max_turns,
-            timeout=timeout,
-            overrides={"max_depth": max_depth, "model": model},
-            model_spec=model,
-        )
         if as_json:
             print_json({"run_id": record.run_id, "chain_id": record.chain_id, "status": "running"})
         else:
             out.print(record.run_id)
             err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")
         return
-    record = run_tree(
-        project,
-        prompt,
-        provider=provider,
-        agent=agent,
-        isolation=isolation,
-        agents_dirs=agents_dir or [],
-        max_turns=max_turns,
-        timeout=timeout,
-    )
     report(project, record, as_json, provider.scripted)
 
 
@@ -262,18 +219,10 @@ def demo(
     provider = ModelProvider(project.settings, f"scripted:{script_path}")
     prompt = "Give me a short report on this project: its test framework and its modules."
     if not as_json:
-        out.print(f"[dim]demo project: {where}[/]")
+        out.print(f"[dim]demo project: {safe_markup(where)}[/]")
         out.print(f"[bold]user ▸[/] {prompt}\n")
-    record = run_tree(
-        project,
-        prompt,
-        provider=provider,
-        agent="general",
-        isolation=None,
-        agents_dirs=[],
-        max_turns=None,
-        timeout=60,
-    )
+    spec = root_spec(project, prompt, agent="general", isolation=None, timeout=60)
+    record = run_tree(make_runner(project, provider, []), spec)
     runs = project.store.list_runs(chain_id=record.chain_id)
     if as_json:
         print_json(
@@ -285,7 +234,7 @@ def demo(
         raise typer.Exit(record.result().exit_code)
     out.print(chain_tree(runs))
     out.print("\n[bold]orch ▸[/] ", end="")
-    out.print(record.output + "\n", markup=False)
+    out.print(safe_text(record.output + "\n", multiline=True))
     out.print(
         f"[dim]explore it: orch tree {record.run_id} -C {where} · "
         f"orch logs {record.run_id} -C {where}[/]"
@@ -325,8 +274,8 @@ def result(
     else:
         out.print(run_label(record))
         if res.error:
-            out.print(f"[red]error:[/] {res.error}")
-        out.print(res.summary or "(no text yet)", markup=False)
+            out.print(safe_text("error:", "red") + " " + safe_text(res.error))
+        out.print(safe_text(res.summary or "(no text yet)", multiline=True))
     raise typer.Exit(res.exit_code if record.status.ended else 0)
 
 
@@ -355,8 +304,10 @@ def logs(
                 sys.stdout.flush()
             else:
                 data = json.dumps(e["data"], default=str)
-                out.print(f"[dim]{e['id']:>5}[/] [bold]{e['kind']:<14}[/] ", end="")
-                out.print(data[:300], markup=False)
+                line = safe_text(f"{e['id']:>5}", "dim") + " "
+                out.print(
+                    line + safe_text(f"{e['kind']:<14}", "bold") + " " + safe_text(data[:300])
+                )
         if not follow or store.require_run(record.run_id).status.ended:
             if not store.events(record.run_id, after_id=last):
                 return

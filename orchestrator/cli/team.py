@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from ..errors import UsageError
 from .common import err, handles_errors, open_project, out, print_json
+from .safe import safe_markup as escape  # also writes out control characters
+from .safe import safe_text
 
 if TYPE_CHECKING:  # the engine is imported when a team runs, keeping other commands fast
     from ..team import TeamResult
@@ -34,7 +35,7 @@ def show(result: TeamResult) -> None:
     out.print(f"rounds  {result.rounds} of {result.max_rounds}")
     for i, v in enumerate(result.verdicts, 1):
         style = "green" if v.approved else "yellow"
-        out.print(f"review {i}: [{style}]{v.verdict}[/] {escape(v.summary)}")
+        out.print(f"review {i}: [{style}]{escape(v.verdict)}[/] {escape(v.summary)}")
         for c in v.comments:
             out.print(f"  - {escape(c.path)}:{c.line}: {escape(c.comment)}")
     if result.merged:
@@ -59,6 +60,13 @@ def run(
     merge: Annotated[
         bool, typer.Option("--merge", help="Merge the branch into your HEAD when approved.")
     ] = False,
+    allow_control_files: Annotated[
+        bool,
+        typer.Option(
+            "--allow-control-files",
+            help="With --merge: also merge changes to orch.toml, .orch/, .claude/, .git*, hooks.",
+        ),
+    ] = False,
     model: Annotated[
         str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
     ] = None,
@@ -71,26 +79,21 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
-    from ..definitions import load_catalog
-    from ..delegation import Delegator
     from ..models import ModelProvider
     from ..team import TEAM_ISOLATIONS, run_team
+    from .engine import make_runner
 
     if isolation not in TEAM_ISOLATIONS:
         raise UsageError(f"--isolation must be worktree or container, not {isolation!r}")
     project = open_project(workdir, model=model)
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
-    configured = [project.root / Path(d).expanduser() for d in project.settings.agents_dirs]
-    catalog = load_catalog(project.root, agents_dirs=[*(agents_dir or []), *configured])
-    delegator = Delegator(
-        settings=project.settings, store=project.store, catalog=catalog, models=provider
-    )
+    runner = make_runner(project, provider, agents_dir or [])
 
     async def go() -> TeamResult:
         async with provider:
             return await run_team(
-                delegator,
+                runner,
                 prompt=prompt,
                 workdir=project.workdir,
                 writer=writer,
@@ -98,6 +101,7 @@ def run(
                 rounds=rounds,
                 isolation=isolation,
                 merge=merge,
+                allow_control_files=allow_control_files,
             )
 
     result = asyncio.run(go())
@@ -107,11 +111,11 @@ def run(
     else:
         show(result)
     if result.error:
-        err.print(f"orch: team {result.root_run_id}: {result.error}", markup=False)
+        err.print(safe_text(f"orch: team {result.root_run_id}: {result.error}"))
     script = provider.scripted
     if script is not None and code == 0 and (problems := script.problems()):
         err.print(
-            f"orch: {script.source}: script not fully used: " + "; ".join(problems), markup=False
+            safe_text(f"orch: {script.source}: script not fully used: " + "; ".join(problems))
         )
         code = 1
     raise typer.Exit(code)

@@ -1,20 +1,25 @@
 """A tool: a name, a description, a pydantic input model and an async ``run``.
 
 Tools never check permissions themselves: the agent loop sends every call
-through the policy first (see ``agent.py``). Tools do record evidence (files
-read and written, commands and their exit codes) on the run context.
+through the policy first (see ``agent.py``). A tool gets a narrow
+:class:`ToolContext`: the run's workspace :class:`Runtime` (the only way to
+its files and commands), a :class:`Spawner` for delegation, the skills, and
+where to note evidence (files read and written, commands and exit codes).
+No tool module imports the engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    from ..agent import RunContext
-    from ..config import Settings
+from ..config import Settings
+from ..definitions import SkillDefinition
+from ..run import Evidence
+from ..workspaces.base import Runtime
 
 
 class ToolInput(BaseModel):
@@ -31,6 +36,46 @@ class ToolFailure(Exception):
     """Raised inside a tool: becomes an ``is_error`` tool_result with this message."""
 
 
+class TaskArgs(Protocol):
+    """What a ``task`` call asks for (``tools.delegate.TaskInput``)."""
+
+    @property
+    def description(self) -> str: ...
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def subagent_type(self) -> str | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def isolation(self) -> str | None: ...
+    @property
+    def run_in_background(self) -> bool: ...
+
+
+class Spawner(Protocol):
+    """Delegation as the tools see it: start a child, collect it, stop it."""
+
+    async def spawn(self, args: TaskArgs) -> ToolOutput: ...
+
+    async def output(self, task_id: str, *, block: bool, timeout_s: float | None) -> ToolOutput: ...
+
+    async def stop(self, task_id: str) -> ToolOutput: ...
+
+
+@dataclass
+class ToolContext:
+    """What one run's tools may use, and nothing more."""
+
+    run_id: str
+    runtime: Runtime
+    settings: Settings
+    env: Mapping[str, str]  # for commands: the run's scrubbed environment
+    evidence: Evidence
+    spawner: Spawner
+    skills: Mapping[str, SkillDefinition]
+
+
 _SCHEMAS: dict[type[Tool], dict[str, Any]] = {}
 
 
@@ -38,7 +83,7 @@ class Tool:
     name: ClassVar[str]
     description: ClassVar[str]
     input_model: ClassVar[type[ToolInput]]
-    read_only: ClassVar[bool] = False
+    writes: ClassVar[bool] = False  # changes files (a read-only agent may not have it)
 
     def schema(self) -> dict[str, Any]:
         """The schema sent to the model; built once per tool class (pydantic is slow at it)."""
@@ -56,7 +101,7 @@ class Tool:
         """Seconds a call may take before it is cancelled (None: the tool bounds itself)."""
         return settings.tool_timeout_s
 
-    async def run(self, ctx: RunContext, args: Any) -> ToolOutput:
+    async def run(self, ctx: ToolContext, args: Any) -> ToolOutput:
         raise NotImplementedError
 
 
@@ -76,6 +121,10 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def writers(self) -> frozenset[str]:
+        """The tools that change files."""
+        return frozenset(n for n, t in self._tools.items() if t.writes)
 
     def schemas(self, allowed: set[str] | frozenset[str]) -> list[dict[str, Any]]:
         return [t.schema() for n, t in self._tools.items() if n in allowed]

@@ -1,22 +1,24 @@
-"""The delegation tools: task, task_output, task_stop. Thin: the work is in ``delegation.py``."""
+"""The delegation tools: task, task_output, task_stop.
+
+Thin: they call the run's :class:`~.base.Spawner` (``delegation.py`` implements
+it); no tool imports the engine.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Any
 
 from pydantic import Field, field_validator
 
-from .base import Tool, ToolInput, ToolOutput
+from ..workspaces.registry import TIER_NAMES
+from .base import Tool, ToolContext, ToolInput, ToolOutput
 
 
 class _Unbounded(Tool):
     """Delegation tools are bounded by the child's own limits, not a tool timeout."""
 
-    def time_limit(self, args: object, settings: object) -> float | None:
+    def time_limit(self, args: object, settings: Any) -> float | None:
         return None
-
-if TYPE_CHECKING:
-    from ..agent import RunContext
 
 
 class TaskInput(ToolInput):
@@ -31,8 +33,11 @@ class TaskInput(ToolInput):
     )
     subagent_type: str | None = Field(default=None, description="Agent definition to use.")
     model: str | None = Field(default=None, description="Model alias or id (default: inherit).")
-    isolation: Literal["shared", "worktree", "container"] | None = Field(
-        default=None, description="shared (default), worktree (own git branch) or container."
+    isolation: str | None = Field(
+        default=None,
+        description="shared, worktree (own git branch) or container; default: your own tier. "
+        "Never weaker than your own.",
+        json_schema_extra={"enum": list(TIER_NAMES)},
     )
     run_in_background: bool = Field(
         default=False,
@@ -59,8 +64,8 @@ class TaskTool(_Unbounded):
     )
     input_model = TaskInput
 
-    async def run(self, ctx: RunContext, args: TaskInput) -> ToolOutput:
-        return await ctx.delegator.task(ctx, args)
+    async def run(self, ctx: ToolContext, args: TaskInput) -> ToolOutput:
+        return await ctx.spawner.spawn(args)
 
 
 class TaskOutputInput(ToolInput):
@@ -77,10 +82,9 @@ class TaskOutputTool(_Unbounded):
         "activity, running summary)."
     )
     input_model = TaskOutputInput
-    read_only = True
 
-    async def run(self, ctx: RunContext, args: TaskOutputInput) -> ToolOutput:
-        return await ctx.delegator.task_output(ctx, args.task_id, args.block, args.timeout_s)
+    async def run(self, ctx: ToolContext, args: TaskOutputInput) -> ToolOutput:
+        return await ctx.spawner.output(args.task_id, block=args.block, timeout_s=args.timeout_s)
 
 
 class TaskStopInput(ToolInput):
@@ -92,8 +96,8 @@ class TaskStopTool(_Unbounded):
     description = "Cancel a background task and every task it started."
     input_model = TaskStopInput
 
-    async def run(self, ctx: RunContext, args: TaskStopInput) -> ToolOutput:
-        return await ctx.delegator.task_stop(ctx, args.task_id)
+    async def run(self, ctx: ToolContext, args: TaskStopInput) -> ToolOutput:
+        return await ctx.spawner.stop(args.task_id)
 
 
 def delegation_tools() -> list[Tool]:

@@ -1,56 +1,91 @@
 """File tools: read_file, write_file, edit_file, glob, grep.
 
-Every path goes through ``policy.confine`` against the workspace root, so
-``..``, absolute paths outside, symlinks out, symlink loops, hard links and
-writes into ``.git`` or orch's control files are refused whichever tier the
-workspace is. glob and grep skip what confine would refuse.
+A path is checked here by its words (relative to the workspace, no ``..`` out, no
+writes into ``.git`` or orch's control files), then handed to the run's
+:class:`~orchestrator.workspaces.base.Runtime`, which opens it race-free beneath
+the workspace root (no symlink followed, no hard link, no special file) or, in a
+container, inside the sandbox. Reads are capped before any byte is loaded.
 """
 
 from __future__ import annotations
 
-import asyncio
+import posixpath
 import re
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import PurePosixPath
 
 from pydantic import Field
 
-from ..policy import PathRefused, confine
-from .base import Tool, ToolFailure, ToolInput, ToolOutput
+from ..policy import is_control
+from ..safefs import UnsafePath
+from .base import Tool, ToolContext, ToolFailure, ToolInput, ToolOutput
 
-if TYPE_CHECKING:
-    from ..agent import RunContext
-
-SKIP_DIRS = {".git", ".orch", "node_modules", "__pycache__", ".venv"}
 MAX_GLOB = 1000
 MAX_GREP = 500
 
 
-def _confine(ctx: RunContext, path: str, *, write: bool) -> Path:
-    try:
-        return confine(ctx.workspace.root, path, write=write)
-    except PathRefused as e:
-        raise ToolFailure(str(e)) from e
+def workspace_path(ctx: ToolContext, path: str, *, write: bool) -> str:
+    """``path`` as a clean path relative to the workspace root, or a ToolFailure."""
+    if not path or "\x00" in path:
+        raise ToolFailure("empty or invalid path")
+    root = str(ctx.runtime.root)
+    if path.startswith("/"):
+        norm = posixpath.normpath(path)
+        if norm != root and not norm.startswith(root.rstrip("/") + "/"):
+            raise ToolFailure(f"path {path!r} is outside the workspace ({root})")
+        path = norm[len(root) :].lstrip("/")
+    rel = posixpath.normpath(path)
+    if rel == ".." or rel.startswith("../"):
+        raise ToolFailure(f"path {path!r} resolves outside the workspace ({root})")
+    parts = PurePosixPath(rel).parts
+    if write and rel == ".":
+        raise ToolFailure("cannot write to the workspace root itself")
+    if write and any(p.lower() == ".git" for p in parts):
+        raise ToolFailure(f"path {path!r} is inside .git; writes there are refused")
+    if write and is_control(parts):
+        raise ToolFailure(
+            f"path {path!r} is an orch control file (settings, hooks, agents, skills or "
+            "run state) that steers future runs; writes are refused; edit it yourself"
+        )
+    return rel
 
 
-def _rel(ctx: RunContext, path: Path) -> str:
-    return path.relative_to(ctx.workspace.root.resolve()).as_posix()
-
-
-def _read_text(path: Path, *, strict: bool = False) -> str:
+async def _read(ctx: ToolContext, rel: str, *, strict: bool = False) -> str:
     """A file's text; undecodable bytes become U+FFFD unless ``strict`` (edits must not)."""
-    data = path.read_bytes()
+    cap = ctx.settings.max_read_bytes
+    try:
+        got = await ctx.runtime.read_file(rel, max_bytes=cap)
+    except FileNotFoundError:
+        raise ToolFailure(f"no such file: {rel}") from None
+    except IsADirectoryError:
+        raise ToolFailure(f"{rel} is a directory; use glob to list it") from None
+    except (UnsafePath, OSError) as e:
+        raise ToolFailure(f"{rel}: {e}") from None
+    if got.size > cap:
+        raise ToolFailure(
+            f"{rel} is {got.size:,} bytes, over the {cap:,}-byte read limit; read parts of it "
+            "with bash (head, sed -n) or grep it"
+        )
+    data = got.data
     if b"\x00" in data[:8192]:
-        raise ToolFailure(f"{path.name} looks binary; read_file returns text only")
+        raise ToolFailure(f"{rel} looks binary; read_file returns text only")
     if not strict:
         return data.decode("utf-8", errors="replace")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ToolFailure(
-            f"{path.name} is not valid UTF-8 (byte {e.start}); edit_file would corrupt it. "
+            f"{rel} is not valid UTF-8 (byte {e.start}); edit_file would corrupt it. "
             "Leave it, or convert it with bash (e.g. iconv) if that is intended"
         ) from None
+
+
+async def _write(ctx: ToolContext, rel: str, text: str) -> None:
+    try:
+        await ctx.runtime.write_file(rel, text.encode("utf-8"))
+    except IsADirectoryError:
+        raise ToolFailure(f"{rel} is a directory") from None
+    except (UnsafePath, OSError) as e:
+        raise ToolFailure(f"{rel}: {e}") from None
 
 
 class ReadFileInput(ToolInput):
@@ -63,14 +98,11 @@ class ReadFileTool(Tool):
     name = "read_file"
     description = "Read a text file in the workspace. Use offset/limit for parts of large files."
     input_model = ReadFileInput
-    read_only = True
 
-    async def run(self, ctx: RunContext, args: ReadFileInput) -> ToolOutput:
-        path = _confine(ctx, args.path, write=False)
-        if not path.is_file():
-            raise ToolFailure(f"no such file: {args.path}")
-        text = await asyncio.to_thread(_read_text, path)
-        ctx.evidence.note_read(_rel(ctx, path))
+    async def run(self, ctx: ToolContext, args: ReadFileInput) -> ToolOutput:
+        rel = workspace_path(ctx, args.path, write=False)
+        text = await _read(ctx, rel)
+        ctx.evidence.note_read(rel)
         if args.offset is None and args.limit is None:
             return ToolOutput(text)
         lines = text.splitlines(keepends=True)
@@ -89,19 +121,13 @@ class WriteFileTool(Tool):
     name = "write_file"
     description = "Create or overwrite a file in the workspace with the given content."
     input_model = WriteFileInput
+    writes = True
 
-    async def run(self, ctx: RunContext, args: WriteFileInput) -> ToolOutput:
-        path = _confine(ctx, args.path, write=True)
-        if path.is_dir():
-            raise ToolFailure(f"{args.path} is a directory")
-
-        def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(args.content, encoding="utf-8")
-
-        await asyncio.to_thread(write)
-        ctx.evidence.note_written(_rel(ctx, path))
-        return ToolOutput(f"wrote {len(args.content)} characters to {_rel(ctx, path)}")
+    async def run(self, ctx: ToolContext, args: WriteFileInput) -> ToolOutput:
+        rel = workspace_path(ctx, args.path, write=True)
+        await _write(ctx, rel, args.content)
+        ctx.evidence.note_written(rel)
+        return ToolOutput(f"wrote {len(args.content)} characters to {rel}")
 
 
 class EditFileInput(ToolInput):
@@ -117,38 +143,17 @@ class EditFileTool(Tool):
         "Fails if old_text occurs zero or several times: include more context to make it unique."
     )
     input_model = EditFileInput
+    writes = True
 
-    async def run(self, ctx: RunContext, args: EditFileInput) -> ToolOutput:
-        path = _confine(ctx, args.path, write=True)
-        if not path.is_file():
-            raise ToolFailure(f"no such file: {args.path}")
-        text = await asyncio.to_thread(_read_text, path, strict=True)
+    async def run(self, ctx: ToolContext, args: EditFileInput) -> ToolOutput:
+        rel = workspace_path(ctx, args.path, write=True)
+        text = await _read(ctx, rel, strict=True)
         count = text.count(args.old_text)
         if count != 1:
-            raise ToolFailure(
-                f"old_text occurs {count} times in {args.path}; it must occur exactly once"
-            )
-        new = text.replace(args.old_text, args.new_text, 1)
-        await asyncio.to_thread(path.write_text, new, encoding="utf-8")
-        ctx.evidence.note_written(_rel(ctx, path))
-        return ToolOutput(f"edited {_rel(ctx, path)}")
-
-
-def _walk(root: Path, pattern: str) -> list[Path]:
-    out: list[Path] = []
-    for p in sorted(root.glob(pattern)):
-        rel = p.relative_to(root)
-        if any(part in SKIP_DIRS for part in rel.parts):
-            continue
-        try:
-            if not p.resolve().is_relative_to(root):
-                continue  # a symlink out is never listed
-        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
-            continue
-        out.append(p)
-        if len(out) > MAX_GLOB:
-            break
-    return out
+            raise ToolFailure(f"old_text occurs {count} times in {rel}; it must occur exactly once")
+        await _write(ctx, rel, text.replace(args.old_text, args.new_text, 1))
+        ctx.evidence.note_written(rel)
+        return ToolOutput(f"edited {rel}")
 
 
 class GlobInput(ToolInput):
@@ -159,18 +164,16 @@ class GlobTool(Tool):
     name = "glob"
     description = "List workspace files matching a glob pattern (relative paths, sorted)."
     input_model = GlobInput
-    read_only = True
 
-    async def run(self, ctx: RunContext, args: GlobInput) -> ToolOutput:
-        if Path(args.pattern).is_absolute() or ".." in Path(args.pattern).parts:
+    async def run(self, ctx: ToolContext, args: GlobInput) -> ToolOutput:
+        parts = PurePosixPath(args.pattern).parts
+        if args.pattern.startswith("/") or ".." in parts or not parts:
             raise ToolFailure("glob patterns must be relative to the workspace, without '..'")
-        root = ctx.workspace.root.resolve()
         try:
-            paths = await asyncio.to_thread(_walk, root, args.pattern)
-        except (ValueError, NotImplementedError) as e:
+            lines, more = await ctx.runtime.glob(args.pattern, limit=MAX_GLOB)
+        except (ValueError, UnsafePath) as e:
             raise ToolFailure(f"bad glob pattern: {e}") from e
-        lines = [p.relative_to(root).as_posix() for p in paths[:MAX_GLOB]]
-        if len(paths) > MAX_GLOB:
+        if more:
             lines.append(f"[more than {MAX_GLOB} matches; narrow the pattern]")
         return ToolOutput("\n".join(lines) if lines else "no matches")
 
@@ -189,38 +192,21 @@ class GrepTool(Tool):
     name = "grep"
     description = "Search file contents with a regular expression; prints path:line: text."
     input_model = GrepInput
-    read_only = True
 
-    async def run(self, ctx: RunContext, args: GrepInput) -> ToolOutput:
+    async def run(self, ctx: ToolContext, args: GrepInput) -> ToolOutput:
         try:
-            regex = re.compile(args.pattern)
+            re.compile(args.pattern)
         except re.error as e:
             raise ToolFailure(f"bad regular expression: {e}") from e
-        root = ctx.workspace.root.resolve()
-        base = _confine(ctx, args.path, write=False) if args.path else root
-
-        def search() -> list[str]:
-            if base.is_file():
-                files = [base]
-            else:
-                files = [p for p in _walk(base, "**/" + (args.glob or "*")) if p.is_file()]
-            hits: list[str] = []
-            for f in files:
-                try:
-                    if f.stat().st_nlink > 1:
-                        continue  # a hard link may be a file outside: read_file refuses it too
-                    data = f.read_bytes()
-                except OSError:
-                    continue
-                if b"\x00" in data[:8192]:
-                    continue
-                for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-                    if regex.search(line):
-                        hits.append(f"{f.relative_to(root).as_posix()}:{n}: {line[:300]}")
-                        if len(hits) >= MAX_GREP:
-                            hits.append(f"[stopped at {MAX_GREP} matches; narrow the search]")
-                            return hits
-            return hits
-
-        hits = await asyncio.to_thread(search)
+        rel = workspace_path(ctx, args.path, write=False) if args.path else None
+        if args.glob and (args.glob.startswith("/") or ".." in PurePosixPath(args.glob).parts):
+            raise ToolFailure("glob patterns must be relative to the workspace, without '..'")
+        try:
+            hits = await ctx.runtime.grep(
+                args.pattern, path=None if rel == "." else rel, glob=args.glob, limit=MAX_GREP + 1
+            )
+        except (UnsafePath, OSError) as e:
+            raise ToolFailure(f"{args.path}: {e}") from None
+        if len(hits) > MAX_GREP:
+            hits = [*hits[:MAX_GREP], f"[stopped at {MAX_GREP} matches; narrow the search]"]
         return ToolOutput("\n".join(hits) if hits else "no matches")

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
+from ..config import Settings
 from ..run import CommandEvidence
-from .base import Tool, ToolInput, ToolOutput
-
-if TYPE_CHECKING:
-    from ..agent import RunContext
-    from ..config import Settings
+from .base import Tool, ToolContext, ToolInput, ToolOutput
 
 
 class BashInput(ToolInput):
@@ -32,13 +27,14 @@ class BashTool(Tool):
         "background are stopped when the command returns. No interactive input."
     )
     input_model = BashInput
+    writes = True
 
     def time_limit(self, args: BashInput, settings: Settings) -> float | None:
         return (args.timeout_s or settings.bash_timeout_s) + 15.0
 
-    async def run(self, ctx: RunContext, args: BashInput) -> ToolOutput:
+    async def run(self, ctx: ToolContext, args: BashInput) -> ToolOutput:
         timeout = args.timeout_s or ctx.settings.bash_timeout_s
-        result = await ctx.workspace.exec(args.command, timeout_s=timeout, env=ctx.env)
+        result = await ctx.runtime.exec(args.command, timeout_s=timeout, env=ctx.env)
         ctx.evidence.commands.append(
             CommandEvidence(command=args.command[:500], exit_code=result.exit_code)
         )

@@ -8,15 +8,9 @@ treated as a path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
-from ..definitions import UnknownSkill
-from .base import Tool, ToolInput, ToolOutput
-
-if TYPE_CHECKING:
-    from ..agent import RunContext
+from .base import Tool, ToolContext, ToolInput, ToolOutput
 
 
 class LoadSkillInput(ToolInput):
@@ -31,13 +25,11 @@ class LoadSkillTool(Tool):
         "starting the work it covers, and follow its instructions."
     )
     input_model = LoadSkillInput
-    read_only = True
 
-    async def run(self, ctx: RunContext, args: LoadSkillInput) -> ToolOutput:
-        try:
-            skill = ctx.catalog.skill(args.name.strip())
-        except UnknownSkill:
-            names = ", ".join(sorted(ctx.catalog.skills)) or "(none)"
+    async def run(self, ctx: ToolContext, args: LoadSkillInput) -> ToolOutput:
+        skill = ctx.skills.get(args.name.strip())
+        if skill is None:
+            names = ", ".join(sorted(ctx.skills)) or "(none)"
             return ToolOutput(
                 f"unknown skill {args.name!r}; available skills: {names}", is_error=True
             )

@@ -1,10 +1,14 @@
-"""The Workspace protocol: where an agent's files live and its commands run.
+"""The seams of an isolation tier: provisioning apart from execution.
 
-One module per isolation tier implements it (shared, worktree, container).
-A workspace is opened and closed with ``async with``; it is the only place
-that creates processes (and worktrees, containers), and it registers each
-with its owner in the store through :class:`ResourceSink` as it starts them,
-so a crashed owner's leftovers can be found and reaped.
+- :class:`TierConfig`: one pydantic config per tier (``type`` is its name), the
+  discriminated union of them is ``RunSpec.workspace`` (see ``registry.py``).
+  ``provision`` makes the tier's :class:`Workspace`.
+- :class:`Workspace` (provisioning): opened and closed with ``async with``; it
+  creates the sandbox (nothing, a worktree, a container), registers what it
+  starts with its owner through :class:`ResourceSink` so a crashed owner's
+  leftovers can be reaped, and at close turns the work into artifacts.
+- :class:`Runtime` (execution): what the tools use, and all they use, to run a
+  command or read, write, list and search files *inside* the workspace.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self
+
+from pydantic import BaseModel, ConfigDict
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
 OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive
-  # bytes of output kept per command; the rest is drained and dropped
 
 
 @dataclass
@@ -79,9 +84,36 @@ class WorkspaceSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class FileRead:
+    data: bytes  # at most the bytes asked for
+    size: int  # the file's whole size
+
+
+class Runtime(Protocol):
+    """Execution inside a workspace. Paths are relative to the workspace root."""
+
+    root: Path  # where the workspace is on the host (shown to the model, cwd of hooks)
+
+    async def exec(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str]
+    ) -> ProcessResult: ...
+
+    async def read_file(self, path: str, *, max_bytes: int) -> FileRead: ...
+
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def glob(self, pattern: str, *, limit: int) -> tuple[list[str], bool]:
+        """Matching files, sorted, at most ``limit``; True when there were more."""
+
+    async def grep(
+        self, pattern: str, *, path: str | None, glob: str | None, limit: int
+    ) -> list[str]: ...
+
+
 class Workspace(Protocol):
     isolation: str
-    root: Path  # host directory the file tools are confined to
+    root: Path  # the workspace's directory on the host
 
     async def __aenter__(self) -> Self: ...
 
@@ -101,6 +133,24 @@ class Workspace(Protocol):
     def info(self) -> dict[str, Any]: ...
 
     def artifacts(self) -> list[dict[str, Any]]: ...
+
+    def runtime(self) -> Runtime: ...
+
+
+class TierConfig(BaseModel):
+    """One isolation tier's settings for one run; ``type`` names the tier.
+
+    Subclasses set ``type: Literal["<name>"]``; the trust order of the tiers is
+    their order in ``registry.TIERS`` (weakest first).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    needs_git: ClassVar[bool] = False  # the tier makes a branch: the base must be a git repo
+
+    def provision(self, spec: WorkspaceSpec) -> Workspace:
+        raise NotImplementedError
 
 
 def kill_group(pgid: int) -> None:
@@ -173,6 +223,7 @@ def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
                 await asyncio.sleep(0.02)
             return
         done: asyncio.Future[None] = loop.create_future()
+
         def readable() -> None:
             if not done.done():
                 done.set_result(None)

@@ -48,11 +48,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
-from ..errors import OrchError, UsageError
-from ..worktrees import NOT_A_REPO, git, main_root_from, orch_dir
-from .base import MAX_CAPTURE, ProcessResult, ResourceSink, RunOutcome, WorkspaceSpec
+from ..errors import OrchError
+from ..repo import locate, orch_dir
+from .base import (
+    MAX_CAPTURE,
+    ProcessResult,
+    ResourceSink,
+    RunOutcome,
+    Runtime,
+    TierConfig,
+    WorkspaceSpec,
+)
+from .host import HostRuntime
 from .pool import (
     MANAGED,
     WORKSPACE,
@@ -71,7 +80,7 @@ from .pool import (
     sandbox_user,
     start_container,
 )
-from .worktree import WorktreeWorkspace, await_shielded
+from .worktree import WorktreeWorkspace, await_shielded, continued
 
 __all__ = ["ContainerWorkspace", "docker_client", "reap_by_label", "remove_container"]
 
@@ -297,6 +306,9 @@ class ContainerWorkspace:
     def artifacts(self) -> list[dict[str, Any]]:
         return self.worktree.artifacts()
 
+    def runtime(self) -> Runtime:
+        return HostRuntime(self.root, self.exec)
+
     # -- opening ------------------------------------------------------------------------
 
     async def _api(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -308,19 +320,14 @@ class ContainerWorkspace:
 
     async def _start(self) -> None:
         self.uid, self.gid = sandbox_user(self.cfg)
-        probing = asyncio.create_task(
-            git("rev-parse", "--path-format=absolute", "--git-common-dir", "--show-toplevel",
-                cwd=self.root, check=False)
-        )  # fmt: skip
+        locating = asyncio.create_task(locate(self.root))  # a parent's worktree: its admin dir
         try:
             self._client = await asyncio.to_thread(docker_client)
         finally:
-            probe = await probing
-        lines = probe.out.splitlines()
-        if probe.code != 0 or len(lines) < 2:
-            raise UsageError(NOT_A_REPO.format(path=self.root))
-        main_root = main_root_from(lines[0], lines[1])
-        slot = claim_slot(Path(lines[0]), self.cfg)
+            await asyncio.gather(locating, return_exceptions=True)
+        repo = locating.result()  # not a repository: UsageError
+        main_root, common = repo.main_root, repo.common_dir
+        slot = claim_slot(common, self.cfg)
         if slot is not None:  # warm: the container runs already
             self.slot, self.pooled = slot, True
             self._register(slot.container_id)
@@ -328,7 +335,7 @@ class ContainerWorkspace:
         else:  # cold: start the container while the worktree is made
             target = orch_dir(main_root) / "worktrees" / self.spec.run_id
             self.slot = await asyncio.to_thread(
-                make_slot, main_root, Path(lines[0]), self.uid, self.gid, target
+                make_slot, main_root, common, self.uid, self.gid, target
             )
             self._moved = target
             results = await asyncio.gather(
@@ -469,3 +476,15 @@ class ContainerWorkspace:
             self._client = None
         if failure is not None:
             raise failure
+
+
+class ContainerConfig(TierConfig):
+    """``isolation: container``: the run's own worktree in a locked-down Docker sandbox."""
+
+    type: Literal["container"] = "container"
+    branch: str | None = None
+    base: str | None = None
+    needs_git: ClassVar[bool] = True
+
+    def provision(self, spec: WorkspaceSpec) -> ContainerWorkspace:
+        return ContainerWorkspace(continued(spec, self.branch, self.base))

@@ -5,9 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
-from .base import ProcessResult, RunOutcome, WorkspaceSpec, run_process
+from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .host import HostRuntime, os_sandbox_mode, os_sandbox_of, run_confined
+
+
+class SharedConfig(TierConfig):
+    """``isolation: shared``: the spawner's own directory; only the context is fresh."""
+
+    type: Literal["shared"] = "shared"
+
+    def provision(self, spec: WorkspaceSpec) -> SharedWorkspace:
+        os_sandbox_mode(spec)  # fails closed here when bwrap cannot run
+        return SharedWorkspace(spec)
 
 
 class SharedWorkspace:
@@ -31,20 +42,24 @@ class SharedWorkspace:
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
     ) -> ProcessResult:
-        return await run_process(
-            ["bash", "-c", command],
-            cwd=self.root,
-            env=env,
+        return await run_confined(
+            command,
+            spec=self.spec,
+            workspace=self.root,
+            read_only_within=(self.root / ".git",),
             timeout_s=timeout_s,
-            sink=self.spec.sink,
-            run_id=self.spec.run_id,
+            env=env,
         )
+
+    def runtime(self) -> Runtime:
+        return HostRuntime(self.root, self.exec)
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         return None
 
     def info(self) -> dict[str, Any]:
-        return {"isolation": self.isolation, "root": str(self.root)}
+        mode = os_sandbox_of(self.spec)
+        return {"isolation": self.isolation, "root": str(self.root), "os_sandbox": mode}
 
     def artifacts(self) -> list[dict[str, Any]]:
         return []

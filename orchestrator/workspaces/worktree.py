@@ -15,8 +15,11 @@ the close is shielded) every uncommitted change, untracked files included, is
 committed on the branch as ``orch <agent> <orch@localhost>`` with ``orch-run``
 and ``orch-status`` trailers. A branch with no commits beyond its base is
 deleted with its worktree; otherwise the worktree directory is removed and the
-branch kept. ``git worktree add/remove`` and ``git branch -D`` are serialized
-per repository (an asyncio lock and an flock on ``.orch/worktrees.lock``).
+branch kept (:mod:`.settle`). ``git worktree add/remove`` and ``git branch -D``
+are serialized per repository (an asyncio lock and an flock on
+``.orch/worktrees.lock``). Every git command runs through :mod:`orchestrator.git`
+with an explicit ``GIT_DIR`` (the worktree's admin dir, found from the main
+repository, never from a ``.git`` file in a tree a run wrote).
 
 Continuing a branch: ``options["branch"]`` names an existing ``orch/*`` branch
 (left by an earlier run, e.g. a writer going on after a review) to check out in
@@ -34,40 +37,24 @@ import contextlib
 import re
 import shutil
 from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
+from stat import S_ISREG
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 from ..errors import OrchError, UsageError
-from ..worktrees import (
-    NOT_A_REPO,
-    RETRIES,
-    GitError,
-    diff_stats,
-    ensure_orch_dir,
-    first_line,
-    git,
-    git_repo_root,
-    git_retry,
-    is_ancestor,
-    lock_contention,
-    main_repo_root,
-    main_root_from,
-    orch_dir,
-    repo_lock,
-    rev,
-    short_run_id,
-    worktree_entries,
-)
-from .base import ProcessResult, RunOutcome, WorkspaceSpec, run_process
+from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
+from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
+from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .host import HostRuntime, os_sandbox_mode, os_sandbox_of, run_confined
+from .settle import commit_message, lock_reason, remove_worktree, salvage_worktree, settle
 
 T = TypeVar("T")
 
-__all__ = ["WorktreeWorkspace", "branch_name", "git_repo_root", "salvage_worktree"]
+__all__ = ["WorktreeConfig", "WorktreeWorkspace", "branch_name", "salvage_worktree"]
 
-ORCH_EMAIL = "orch@localhost"
 INCLUDE_FILE = ".worktreeinclude"
-_BASE_IN_REASON = re.compile(r"\(base ([0-9a-f]{7,64})\)")
 
 
 # -- pure helpers -----------------------------------------------------------------------
@@ -82,31 +69,6 @@ def ref_component(name: str) -> str:
 
 def branch_name(agent: str, run_id: str) -> str:
     return f"orch/{ref_component(agent)}/{short_run_id(run_id)}"
-
-
-def agent_of_branch(branch: str) -> str:
-    parts = branch.split("/")
-    return parts[1] if len(parts) == 3 and parts[0] == "orch" else "agent"
-
-
-def commit_message(description: str, run_id: str, status: str) -> str:
-    return f"{description.strip() or 'orch run'}\n\norch-run: {run_id}\norch-status: {status}\n"
-
-
-def commit_env(agent: str) -> dict[str, str]:
-    name = f"orch {agent}"
-    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": ORCH_EMAIL,
-            "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": ORCH_EMAIL}  # fmt: skip
-
-
-def owns_branch(branch: str, run_id: str) -> bool:
-    """True for the branch a run makes for itself (``orch/<agent>/<short id>``)."""
-    parts = branch.split("/")
-    return len(parts) == 3 and parts[0] == "orch" and parts[2] == short_run_id(run_id)
-
-
-def lock_reason(run_id: str, base: str) -> str:
-    return f"orch run {run_id} (base {base})"
 
 
 async def await_shielded(aw: Awaitable[T]) -> T:
@@ -187,131 +149,19 @@ def _copy_includes(top: Path, dest_root: Path, rels: list[str]) -> dict[str, tup
 
 
 def _drop_unchanged_copies(root: Path, copied: Mapping[str, tuple[int, int]]) -> None:
-    """Included copies the run did not touch go away so they are not committed back."""
+    """Included copies the run did not touch go away so they are not committed back.
+
+    Only regular files still inside ``root``: a run that swapped a directory for a
+    symlink never gets orch to delete a file elsewhere.
+    """
+    top = root.resolve()
     for rel, (size, mtime) in copied.items():
         path = root / rel
-        with contextlib.suppress(OSError):
-            st = path.stat()
-            if (st.st_size, st.st_mtime_ns) == (size, mtime):
+        with contextlib.suppress(OSError, ValueError):
+            path.parent.resolve(strict=True).relative_to(top)
+            st = path.lstat()
+            if S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (size, mtime):
                 path.unlink()
-
-
-def _same_path(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
-
-
-def _discard_dir(path: Path, main_root: Path) -> None:
-    if path.parent == orch_dir(main_root) / "worktrees":
-        shutil.rmtree(path, ignore_errors=True)
-
-
-# -- settling a worktree: commit its work, then remove it --------------------------------
-
-
-async def remove_worktree(main_root: Path, path: Path, branch: str | None) -> None:
-    """Unlock and remove a worktree, then delete ``branch`` when given."""
-    async with repo_lock(main_root):
-        await git("worktree", "unlock", str(path), cwd=main_root, check=False)
-        result = await git_retry(
-            "worktree", "remove", "--force", "--force", str(path), cwd=main_root, check=False
-        )
-        if result.code != 0:
-            await asyncio.to_thread(_discard_dir, path, main_root)
-            await git("worktree", "prune", cwd=main_root, check=False)
-        if branch:
-            await git_retry("branch", "-D", branch, cwd=main_root, check=False)
-
-
-async def commit_all(root: Path, agent: str, message: str) -> bool:
-    """Commit every change in the worktree at ``root``; False when there was nothing to commit."""
-    top = await git("rev-parse", "--show-toplevel", cwd=root, check=False)
-    if top.code != 0 or not await asyncio.to_thread(_same_path, Path(top.out.strip()), root):
-        return False  # not a worktree any more: never commit some other tree by mistake
-    status = await git("status", "--porcelain", "-z", "--untracked-files=all", cwd=root)
-    if not status.out:
-        return False
-    await git_retry("add", "-A", cwd=root)
-    if (await git("diff", "--cached", "--quiet", cwd=root, check=False)).code == 0:
-        return False
-    await git_retry(
-        "-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null", "-c", "gc.auto=0",
-        "commit", "--no-verify", "-q", "--cleanup=whitespace", "-m", message,
-        cwd=root, env=commit_env(agent),
-    )  # fmt: skip
-    return True
-
-
-async def _settle(
-    main_root: Path, root: Path, branch: str, base: str, agent: str, message: str,
-    keep_branch: bool = False,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Commit the work in ``root`` on ``branch``; remove the worktree; keep a branch with work
-    (and always with ``keep_branch``: a branch the run did not create)."""
-    if await asyncio.to_thread(root.is_dir):
-        await commit_all(root, agent, message)
-    head = await rev("HEAD", root) if await asyncio.to_thread(root.is_dir) else None
-    tip = await rev(f"refs/heads/{branch}", main_root)
-    extra: list[str] = []
-    if head and head != tip:  # the run moved HEAD off its branch: keep what HEAD holds too
-        if tip is None or await is_ancestor(main_root, tip, head):
-            await git("update-ref", f"refs/heads/{branch}", head, cwd=main_root)
-        elif not await is_ancestor(main_root, head, tip) and not await is_ancestor(
-            main_root, head, base
-        ):
-            extra.append(f"{branch}-head")
-            await git("update-ref", f"refs/heads/{branch}-head", head, cwd=main_root)
-    artifacts: list[dict[str, Any]] = []
-    for name in [branch, *extra]:
-        commit = await rev(f"refs/heads/{name}", main_root)
-        if commit is None:
-            continue
-        ahead = await git("rev-list", "--count", f"{base}..{commit}", cwd=main_root)
-        if int(ahead.out.strip() or 0) == 0:
-            continue
-        files, ins, dels = await diff_stats(main_root, base, commit)
-        artifacts.append(
-            {"kind": "branch", "branch": name, "base": base, "commit": commit,
-             "files_changed": files, "insertions": ins, "deletions": dels}
-        )  # fmt: skip
-    keep = keep_branch or any(a["branch"] == branch for a in artifacts)
-    await remove_worktree(main_root, root, None if keep else branch)
-    return artifacts
-
-
-async def salvage_worktree(path: Path, run_id: str, status: str) -> dict[str, Any] | None:
-    """Commit the leftover work of an interrupted run and remove its worktree; keep its branch.
-
-    Returns the branch artifact, or None when there was no worktree or no work (then the
-    worktree and its branch are removed). Work is never deleted.
-    """
-    exists = await asyncio.to_thread(path.is_dir)
-    if not exists and not await asyncio.to_thread(path.parent.is_dir):
-        return None
-    try:
-        main_root = await main_repo_root(path if exists else path.parent)
-    except UsageError:
-        return None
-    real = await asyncio.to_thread(path.resolve)
-    entries = await worktree_entries(main_root)
-    same = [await asyncio.to_thread(_same_path, Path(e["worktree"]), real) for e in entries]
-    entry = next((e for e, hit in zip(entries, same, strict=True) if hit), None)
-    if entry is None:
-        return None  # not a registered worktree: leave it alone
-    branch = entry.get("branch")
-    if not branch:  # detached: give its commits a branch to live on
-        branch = f"orch/salvaged/{short_run_id(run_id)}"
-    found = _BASE_IN_REASON.search(entry.get("locked", ""))
-    base = found.group(1) if found else None
-    if base is None:
-        user_head = await rev("HEAD", main_root)
-        tip = await rev(f"refs/heads/{branch}", main_root) or entry.get("HEAD", "")
-        merge_base = await git("merge-base", user_head or "HEAD", tip, cwd=main_root, check=False)
-        base = merge_base.out.strip() or tip
-    agent = agent_of_branch(branch)
-    message = commit_message("", run_id, status)
-    keep = not owns_branch(branch, run_id)  # a continued branch is never the run's to delete
-    artifacts = await _settle(main_root, real, branch, base, agent, message, keep)
-    return artifacts[0] if artifacts else None
 
 
 # -- the workspace ----------------------------------------------------------------------
@@ -319,6 +169,8 @@ async def salvage_worktree(path: Path, run_id: str, status: str) -> dict[str, An
 
 class WorktreeWorkspace:
     isolation = "worktree"
+    _main: RepoPaths | None = None  # the main checkout, once found
+    _tree: RepoPaths | None = None  # the worktree (its admin dir as GIT_DIR), once made
 
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
@@ -358,9 +210,10 @@ class WorktreeWorkspace:
     ) -> ProcessResult:
         if not self._created:  # never run in the user's tree by mistake
             raise OrchError("the worktree workspace is not open; use it inside `async with`")
-        return await run_process(
-            ["bash", "-c", command], cwd=self.root, env=env, timeout_s=timeout_s,
-            sink=self.spec.sink, run_id=self.spec.run_id,
+        assert self.main_root is not None
+        return await run_confined(
+            command, spec=self.spec, workspace=self.root, timeout_s=timeout_s, env=env,
+            read_only_within=(self.root / ".git", self.main_root / ".git"),
         )  # fmt: skip
 
     def set_outcome(self, outcome: RunOutcome) -> None:
@@ -369,63 +222,65 @@ class WorktreeWorkspace:
     def info(self) -> dict[str, Any]:
         repo = str(self.main_root) if self.main_root else None
         return {"isolation": self.isolation, "root": str(self.root), "branch": self.branch,
-                "base": self.base_commit, "repo": repo}  # fmt: skip
+                "base": self.base_commit, "repo": repo,
+                "os_sandbox": os_sandbox_of(self.spec)}  # fmt: skip
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
+
+    def runtime(self) -> Runtime:
+        return HostRuntime(self.root, self.exec)
 
     # -- internals ----------------------------------------------------------------------
 
     async def _create(self) -> None:
         spec = self.spec
-        probe = await git(
-            "rev-parse", "--path-format=absolute", "--git-common-dir", "--show-toplevel",
-            "-q", "--verify", "HEAD^{commit}",
-            cwd=self.base_path, check=False,
-        )  # fmt: skip
-        lines = probe.out.splitlines()
-        if len(lines) < 2:
-            raise UsageError(NOT_A_REPO.format(path=self.base_path))
-        if probe.code != 0 or len(lines) < 3:
+        located = await locate(self.base_path)  # a parent's worktree: through its admin dir
+        base_top = located.work_tree or self.base_path
+        head = await rev("HEAD", located)
+        if head is None:
             raise UsageError(
-                f"the git repository at {lines[1]} has no commits yet; "
+                f"the git repository at {base_top} has no commits yet; "
                 "make a first commit or use isolation 'shared'"
             )
-        main_root = main_root_from(lines[0], lines[1])
-        base_top, self.base_commit = Path(lines[1]), lines[2]
+        main = located.main()
+        self.base_commit = head
         if self.continued is not None:
-            self.base_commit = await self._continued_base(main_root)
-        self.main_root = main_root
-        patterns = await asyncio.to_thread(_prepare, main_root, base_top)
+            self.base_commit = await self._continued_base(main)
+        self.main_root, self._main = main.main_root, main
+        patterns = await asyncio.to_thread(_prepare, main.main_root, base_top)
         include = spec.options.get("include") or []
         patterns = [*([include] if isinstance(include, str) else include), *patterns]
-        path = orch_dir(main_root) / "worktrees" / spec.run_id
+        path = orch_dir(main.main_root) / "worktrees" / spec.run_id
         reason = lock_reason(spec.run_id, self.base_commit)
-        async with repo_lock(main_root):
-            await self._add(main_root, path, reason)
+        async with repo_lock(main.main_root):
+            await self._add(main, path, reason)
         self.root = path
         self._created = True
         spec.sink.register_resource(spec.run_id, "worktree", str(path))
+        self._tree = await asyncio.to_thread(worktree_paths, main, path)
+        if self._tree is None:
+            raise OrchError(f"git worktree add left no admin dir for {path}; run again")
         if patterns:
-            await self._copy_includes(base_top, patterns)
+            await self._copy_includes(located, base_top, patterns)
 
-    async def _continued_base(self, main_root: Path) -> str:
+    async def _continued_base(self, main: RepoPaths) -> str:
         """Check ``options["branch"]`` and return the commit its work is measured from."""
         branch = self.branch
         if not branch.startswith("orch/") or ".." in branch:
             raise UsageError(f"can only continue an orch/* branch, not {branch!r}")
-        tip = await rev(f"refs/heads/{branch}", main_root)
+        tip = await rev(f"refs/heads/{branch}", main)
         if tip is None:
             raise UsageError(f"branch {branch} does not exist; see `orch worktrees list`")
         base = self.spec.options.get("base")
         if not base:
             return tip
-        commit = await rev(str(base), main_root)
+        commit = await rev(str(base), main)
         if commit is None:
             raise UsageError(f"base {base!r} for branch {branch} is not a commit")
         return commit
 
-    async def _add(self, main_root: Path, path: Path, reason: str) -> None:
+    async def _add(self, main: RepoPaths, path: Path, reason: str) -> None:
         delay = 0.05
         for attempt in range(RETRIES):
             args = ["worktree", "add", "--lock", "--reason", reason]
@@ -435,7 +290,7 @@ class WorktreeWorkspace:
                 args += [str(path), self.branch]
             else:
                 args += ["-b", self.branch, str(path), self.base_commit]
-            result = await git(*args, cwd=main_root, check=False)
+            result = await git(*args, repo=main, check=False)
             if result.code == 0:
                 self._owns_branch = self.continued is None
                 return
@@ -450,50 +305,73 @@ class WorktreeWorkspace:
                     f"branch {self.branch} already exists; merge or delete it "
                     "(orch worktrees prune) and run again"
                 )
-            elif not self._owns_branch and await rev(f"refs/heads/{self.branch}", main_root):
+            elif not self._owns_branch and await rev(f"refs/heads/{self.branch}", main):
                 self._owns_branch = True
             if not lock_contention(result) or attempt == RETRIES - 1:
-                raise GitError(f"git worktree add failed: {first_line(result.err or result.out)}")
+                raise GitError(args, main.main_root, first_line(result.err or result.out))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _copy_includes(self, base_top: Path, patterns: list[str]) -> None:
+    async def _copy_includes(self, base: RepoPaths, base_top: Path, patterns: list[str]) -> None:
         rels = await asyncio.to_thread(_include_candidates, base_top, patterns)
         if not rels:
             return
         tracked: set[str] = set()
         for i in range(0, len(rels), 200):
             chunk = [f":(literal){r}" for r in rels[i : i + 200]]
-            listed = await git("ls-files", "-z", "--", *chunk, cwd=base_top, check=False)
+            listed = await git("ls-files", "-z", "--", *chunk, repo=base, check=False)
             tracked.update(p for p in listed.out.split("\0") if p)
         wanted = [r for r in rels if r not in tracked]
         self._copied = await asyncio.to_thread(_copy_includes, base_top, self.root, wanted)
 
     async def _discard(self) -> None:
         """Undo a creation that failed or was cancelled half way (there is no work yet)."""
-        main_root = self.main_root
-        if main_root is None:
+        main = self._main
+        if main is None:
             return
         if self._created:
-            await remove_worktree(main_root, self.root, None if self.continued else self.branch)
+            await remove_worktree(main, self.root, None if self.continued else self.branch)
             self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
         elif self._owns_branch:
-            path = orch_dir(main_root) / "worktrees" / self.spec.run_id
-            await remove_worktree(main_root, path, self.branch)
+            path = orch_dir(main.main_root) / "worktrees" / self.spec.run_id
+            await remove_worktree(main, path, self.branch)
         self._created = False
         self.root = self.base_path
 
     async def _close(self, outcome: RunOutcome) -> None:
-        if not self._created or self.main_root is None:
+        if not self._created or self._main is None:
             return
         if self._copied:
             await asyncio.to_thread(_drop_unchanged_copies, self.root, self._copied)
         message = commit_message(
             outcome.description or self.spec.description, self.spec.run_id, outcome.status
         )
-        self._artifacts = await _settle(
-            self.main_root, self.root, self.branch, self.base_commit,
+        self._artifacts = await settle(
+            self._main, self.root, self._tree, self.branch, self.base_commit,
             ref_component(self.spec.agent), message, self.continued is not None,
         )  # fmt: skip
         self._created = False
         self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
+
+
+class WorktreeConfig(TierConfig):
+    """``isolation: worktree``: an own checkout on an own branch ``orch/<agent>/<id>``.
+
+    ``branch`` continues an existing ``orch/*`` branch instead (a writer going on after
+    a review); ``base`` is the commit its artifact is measured from.
+    """
+
+    type: Literal["worktree"] = "worktree"
+    branch: str | None = None
+    base: str | None = None
+    needs_git: ClassVar[bool] = True
+
+    def provision(self, spec: WorkspaceSpec) -> WorktreeWorkspace:
+        os_sandbox_mode(spec)  # fails closed here when bwrap cannot run
+        return WorktreeWorkspace(continued(spec, self.branch, self.base))
+
+
+def continued(spec: WorkspaceSpec, branch: str | None, base: str | None) -> WorkspaceSpec:
+    """The spec with a branch to continue (and its base) in the options the tier reads."""
+    extra = {k: v for k, v in (("branch", branch), ("base", base)) if v}
+    return replace(spec, options={**spec.options, **extra}) if extra else spec

@@ -1,0 +1,79 @@
+"""The one factory of the engine for every command that runs agents (foreground, worker, team).
+
+Same flags, same run: the catalog always takes ``--agents-dir`` flags first, then
+``agents_dirs`` from the settings, so a detached worker finds the agents the
+foreground would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .common import Project
+
+if TYPE_CHECKING:
+    from ..models import ModelProvider
+    from ..runner import Runner
+
+
+def all_agents_dirs(project: Project, flags: list[Path]) -> list[Path]:
+    """``--agents-dir`` flags first, then ``agents_dirs`` from the settings (project-relative)."""
+    return [*flags, *(project.root / Path(d).expanduser() for d in project.settings.agents_dirs)]
+
+
+def not_dumpable() -> None:
+    """A second layer under the OS sandbox: orch's own process stops being dumpable, so its
+    /proc entries (environ with the API key, memory) are closed to processes of its user."""
+    import ctypes
+    import sys
+
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):  # no libc prctl: the sandbox is the boundary
+        return
+
+
+def make_runner(
+    project: Project,
+    provider: ModelProvider,
+    agents_dirs: list[Path],
+    *,
+    model_spec: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Runner:
+    """The runner for a command; ``model_spec`` and ``overrides`` (the flags that made the
+    settings) are kept with detached runs so their worker builds the same engine."""
+    from ..definitions import load_catalog
+    from ..runner import Runner
+
+    not_dumpable()
+    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
+    launch = {
+        "model_spec": model_spec,
+        "agents_dirs": [str(p.resolve()) for p in agents_dirs],
+        "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
+    }
+    return Runner(
+        settings=project.settings,
+        store=project.store,
+        catalog=catalog,
+        models=provider,
+        launch=launch,
+    )
+
+
+def worker_runner(project_dir: Path, run_id: str) -> tuple[Runner, Project]:
+    """The runner a detached worker builds for a queued run, from what the run keeps."""
+    from ..models import ModelProvider
+    from .common import open_project
+
+    probe = open_project(project_dir)
+    launch: dict[str, Any] = probe.store.require_run(run_id).options.get("launch", {})
+    project = open_project(project_dir, **launch.get("overrides", {}))
+    provider = ModelProvider(project.settings, launch.get("model_spec"))
+    dirs = [Path(p) for p in launch.get("agents_dirs", [])]
+    return make_runner(project, provider, dirs), project

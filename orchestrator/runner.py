@@ -1,0 +1,498 @@
+"""The Runner: where every run, root or child, starts and ends.
+
+``Runner.spawn(spec)`` is the one way in. It resolves the spec (agent
+definition, model, tools never more than the parent's, chain position, tier
+never weaker than the parent's), stores the run ``queued`` and starts it: as a
+task of this process, or, for a root run asked for in the background, in a
+detached worker process that picks it up with :meth:`Runner.adopt`.
+
+A started run waits for a slot (the per-parent cap), opens its workspace
+(``async with``, the tier from ``spec.workspace``), runs a fresh ``AgentRun``
+(or a :class:`Driver`, for orchestration code like a team) under its limits:
+timeout, stall watchdog, SubagentStart hooks, and turns every way of ending
+into a status. ``_finish`` is the one place that writes a run's ending.
+
+The path of a ``task`` call: ``TaskTool.run`` → ``ChildSpawner.spawn``
+(delegation.py) → ``Runner.spawn`` → ``Runner._execute`` → ``AgentRun.run``;
+the child's record comes back to ``ChildSpawner``, which formats the one
+tool_result the parent sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from .agent import AgentRun, LoopOutcome, RunContext
+from .background import Supervisor, me, spawn_worker
+from .config import Settings
+from .definitions import AgentDefinition, Catalog
+from .delegation import ChildSpawner, RunHandle
+from .errors import OrchError
+from .models import ModelProvider
+from .paths import project_root
+from .policy import Policy, run_hooks, scrubbed_env
+from .run import RunRecord, RunStatus, new_chain_id, new_run_id, now
+from .spec import RunSpec
+from .store import RunStore
+from .tools import builtin_tools
+from .tools.base import Tool, ToolContext, ToolRegistry
+from .tools.delegate import delegation_tools
+from .workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
+from .workspaces.base import process_start
+from .workspaces.registry import choose_tier
+
+Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
+
+
+class Driver(Protocol):
+    """Orchestration code run as a run of its own (e.g. a team's root) instead of a model."""
+
+    definition: AgentDefinition
+
+    async def drive(self, record: RunRecord, runner: Runner) -> LoopOutcome: ...
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: RunStore,
+        catalog: Catalog,
+        models: ModelProvider,
+        tools: list[Tool] | None = None,
+        launch: dict[str, Any] | None = None,
+        provision: Provision | None = None,
+    ) -> None:
+        self.settings = settings
+        # How another process rebuilds this runner (kept with detached runs for their worker).
+        self.launch = launch or {}
+        # How a tier config becomes a workspace (tests inject a fake runtime here).
+        self.provision: Provision = provision or (lambda config, spec: config.provision(spec))
+        self.store = store
+        self.catalog = catalog
+        self.models = models
+        self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
+        if tools is None:
+            for tool in delegation_tools():
+                self.tools.add(tool)
+        self.jobs: dict[str, asyncio.Task[RunRecord]] = {}  # live runs of this process
+        self._drivers: dict[str, Driver] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._progress: dict[str, float] = {}  # run id -> monotonic time of its last progress
+        self._env: dict[str, str] | None = None
+        self._state_dir: Path | None = None
+
+    # -- starting runs ------------------------------------------------------------------
+    async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
+        """Store the run ``queued`` and start it; refusals raise OrchError, nothing stored."""
+        record = self._admit(spec, driver)
+        if record.parent_run_id is None and record.background and driver is None:
+            pid = spawn_worker(project_root(spec.workdir), record.run_id)
+            record = self.store.update_run(record.run_id, pid=pid, pid_start=process_start(pid))
+            return RunHandle(record, None)
+        return RunHandle(record, self._start(record, driver))
+
+    async def adopt(self, run_id: str) -> RunRecord:
+        """Run a stored queued run to its end (the detached worker's side of ``spawn``)."""
+        record = self.store.require_run(run_id)
+        if record.status != RunStatus.QUEUED:
+            return record
+        return await self.run_handle(RunHandle(record, self._start(record, None)))
+
+    async def run(self, spec: RunSpec, *, driver: Driver | None = None) -> RunRecord:
+        """Spawn a root run and wait for its end, with heartbeats and cancel requests."""
+        return await self.run_handle(await self.spawn(spec, driver=driver))
+
+    async def run_handle(self, handle: RunHandle) -> RunRecord:
+        if handle.job is None:
+            return handle.record
+        async with self.supervised(), self.warm_pool(handle.record):
+            try:
+                return await handle.job
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # we were cancelled (Ctrl+C): the job was cancelled with us
+                return self.store.require_run(handle.record.run_id)  # `orch cancel`
+
+    async def wait(self, handle: RunHandle) -> RunRecord:
+        """Wait for a child; if the waiter is cancelled, so is the child."""
+        job = handle.job
+        if job is None:
+            return self.store.require_run(handle.record.run_id)
+        try:
+            await asyncio.wait({job})
+        except asyncio.CancelledError:
+            await self.cancel([handle.record.run_id])
+            raise
+        return self.outcome(handle)
+
+    def outcome(self, handle: RunHandle) -> RunRecord:
+        """A finished run's record; one cancelled on its own is a result, not an error."""
+        job = handle.job
+        if job is None or job.cancelled():
+            return self.store.require_run(handle.record.run_id)
+        return job.result()
+
+    async def cancel(self, run_ids: list[str]) -> None:
+        jobs = [self.jobs[r] for r in run_ids if r in self.jobs and not self.jobs[r].done()]
+        for job in jobs:
+            job.cancel()
+        if jobs:
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+    def event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        """An event in a run's stream (for drivers: they never write the store)."""
+        self.store.add_event(run_id, kind, data)
+
+    def _start(self, record: RunRecord, driver: Driver | None) -> asyncio.Task[RunRecord]:
+        job = asyncio.create_task(self._execute(record, driver), name=f"orch-run-{record.run_id}")
+        self.jobs[record.run_id] = job
+        job.add_done_callback(lambda _: self.jobs.pop(record.run_id, None))
+        return job
+
+    # -- admission: resolve a spec into a stored record ----------------------------------
+    def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
+        definition = driver.definition if driver else self.catalog.agent(spec.agent or "general")
+        parent = self.store.require_run(spec.parent_run_id) if spec.parent_run_id else None
+        requested = definition.allowed_tools(self.tools.names())
+        if parent is None:
+            chain_id, depth = new_chain_id(), 0
+            max_depth = self.settings.max_depth
+            if spec.limits.max_depth is not None:
+                max_depth = spec.limits.max_depth
+            allowed = requested
+            model = self.models.resolve(spec.model or definition.model)
+        else:
+            if parent.depth >= parent.max_depth:
+                raise OrchError(
+                    f"depth limit reached: run {parent.run_id} is at depth {parent.depth} and "
+                    f"max_depth is {parent.max_depth}; do the work yourself"
+                )
+            chain_id, depth, max_depth = parent.chain_id, parent.depth + 1, parent.max_depth
+            parent_policy = Policy.for_run(
+                self.settings, parent.allowed_tools, parent.depth, parent.max_depth
+            )
+            allowed = sorted(parent_policy.child_tools(requested), key=requested.index)
+            model = self.models.resolve(spec.model or definition.model or parent.model or None)
+        tier = choose_tier(
+            spec.workspace, definition.isolation, parent.isolation if parent else None
+        )
+        resolved = spec.model_copy(update={"workspace": tier, "agent": definition.name})
+        pid, pid_start = me()
+        record = RunRecord(
+            run_id=new_run_id(),
+            chain_id=chain_id,
+            parent_run_id=parent.run_id if parent else None,
+            depth=depth,
+            max_depth=max_depth,
+            agent=definition.name,
+            description=spec.description or (spec.prompt[:80] if parent is None else ""),
+            isolation=tier.type,
+            background=spec.background or (definition.background and parent is not None),
+            model=model,
+            prompt=spec.prompt,
+            allowed_tools=allowed,
+            pid=pid,
+            pid_start=pid_start,
+            options={
+                "spec": resolved.model_dump(mode="json"),
+                "max_turns": spec.limits.max_turns
+                or definition.max_turns
+                or self.settings.max_turns,
+                "timeout_seconds": spec.limits.timeout_seconds or self.settings.timeout_seconds,
+                "launch": self.launch if spec.background and parent is None else {},
+            },
+        )
+        self.store.create_run(record)
+        if driver is not None:
+            self._drivers[record.run_id] = driver
+        if parent is not None:
+            self.store.add_event(
+                parent.run_id,
+                "child_spawned",
+                {
+                    "parent_run_id": parent.run_id,
+                    "child_run_id": record.run_id,
+                    "agent": definition.name,
+                    "isolation": record.isolation,
+                    "description": record.description,
+                    "background": record.background,
+                },
+            )
+        return record
+
+    # -- running ------------------------------------------------------------------------
+    def child_env(self) -> dict[str, str]:
+        """The scrubbed environment for child processes, computed once per runner."""
+        if self._env is None:
+            self._env = scrubbed_env(self.settings)
+        return dict(self._env)
+
+    def state_dir(self, workdir: Path) -> Path:
+        """Where the store lives (hidden from sandboxed commands); found once per runner."""
+        if self._state_dir is None:
+            home = os.environ.get("ORCH_HOME")
+            self._state_dir = Path(home) if home else project_root(workdir) / ".orch"
+        return self._state_dir
+
+    async def _execute(self, record: RunRecord, driver: Driver | None) -> RunRecord:
+        slot = None
+        if record.parent_run_id is not None:
+            slot = self._slots.setdefault(
+                record.parent_run_id, asyncio.Semaphore(self.settings.max_parallel_children)
+            )
+        acquired = False
+        try:
+            if slot is not None:
+                await slot.acquire()
+                acquired = True
+            return await self._run(record, driver)
+        except asyncio.CancelledError:
+            ended = self.store.end_if_active(
+                record.run_id,
+                status=RunStatus.CANCELLED,
+                ended_at=now(),
+                error="cancelled before it started",
+            )
+            if ended is not None:
+                self.store.add_event(record.run_id, "run_finished", {"status": "cancelled"})
+            raise
+        finally:
+            if acquired and slot is not None:
+                slot.release()
+            self._slots.pop(record.run_id, None)
+            self._drivers.pop(record.run_id, None)
+
+    async def _run(self, record: RunRecord, driver: Driver | None) -> RunRecord:
+        store = self.store
+        spec = RunSpec.model_validate(record.options["spec"])
+        assert spec.workspace is not None  # _admit resolved it
+        definition = driver.definition if driver else self.catalog.agent(record.agent)
+        pid, pid_start = me()
+        store.update_run(
+            record.run_id, status=RunStatus.RUNNING, started_at=now(), pid=pid, pid_start=pid_start
+        )
+        store.add_event(
+            record.run_id,
+            "run_started",
+            {
+                "agent": record.agent,
+                "model": record.model,
+                "depth": record.depth,
+                "max_depth": record.max_depth,
+                "chain_id": record.chain_id,
+                "parent_run_id": record.parent_run_id,
+                "allowed_tools": record.allowed_tools,
+                "isolation": record.isolation,
+            },
+        )
+        wspec = WorkspaceSpec(
+            run_id=record.run_id,
+            chain_id=record.chain_id,
+            agent=record.agent,
+            description=record.description,
+            base=spec.workdir,
+            sink=store,
+            options={
+                "include": self.settings.worktree_include,
+                "sandbox": self.settings.sandbox.model_dump(),
+                "network": self.settings.network,
+                "extra_env": self.settings.extra_env,
+                "state_dir": str(self.state_dir(spec.workdir)),
+            },
+        )
+        outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
+        ctx: RunContext | None = None
+        workspace: Workspace | None = None
+        try:
+            workspace = self.provision(spec.workspace, wspec)
+            async with workspace as ws:
+                store.update_run(record.run_id, workspace=ws.info())
+                notifications: list[str] = []
+                evidence = record.evidence.model_copy()
+                spawner = ChildSpawner(self, record, ws.root, notifications, evidence)
+                ctx = RunContext(
+                    record=record,
+                    definition=definition,
+                    settings=self.settings,
+                    store=store,
+                    model=self.models.get(record.model),
+                    tools=self.tools,
+                    policy=Policy.for_run(
+                        self.settings, record.allowed_tools, record.depth, record.max_depth
+                    ),
+                    catalog=self.catalog,
+                    tool_ctx=ToolContext(
+                        run_id=record.run_id,
+                        runtime=ws.runtime(),
+                        settings=self.settings,
+                        env={
+                            **self.child_env(),
+                            "ORCH_CHAIN_ID": record.chain_id,
+                            "ORCH_PARENT_RUN_ID": record.run_id,
+                            "ORCH_DEPTH": str(record.depth),
+                        },
+                        evidence=evidence,
+                        spawner=spawner,
+                        skills=self.catalog.skills,
+                    ),
+                    notifications=notifications,
+                )
+                try:
+                    outcome = await self._guarded(ctx, spawner, driver)
+                except asyncio.CancelledError:
+                    outcome = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
+                    raise
+                finally:
+                    # Background children end before the workspace closes, so what they
+                    # wrote is in the commit of a worktree, not lost after it.
+                    await asyncio.shield(spawner.close())
+                    ws.set_outcome(
+                        RunOutcome(status=outcome.status.value, description=record.description)
+                    )
+        except asyncio.CancelledError:
+            cancelled = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
+            self._finish(record, ctx, cancelled, workspace)
+            raise
+        except OrchError as e:
+            outcome = LoopOutcome(RunStatus.FAILED, outcome.text, str(e))
+        except Exception as e:  # never leave a run `running` behind a crash of ours
+            outcome = LoopOutcome(RunStatus.FAILED, outcome.text, f"{type(e).__name__}: {e}")
+        finally:
+            self._progress.pop(record.run_id, None)
+        return self._finish(record, ctx, outcome, workspace)
+
+    async def _guarded(
+        self, ctx: RunContext, spawner: ChildSpawner, driver: Driver | None
+    ) -> LoopOutcome:
+        """The run under its limits: timeout, stall watchdog, hooks, and errors as outcomes."""
+        record = ctx.record
+        if record.depth > 0 and self.settings.hooks.subagent_start:
+            started = await run_hooks(
+                self.settings.hooks.subagent_start,
+                "SubagentStart",
+                record.agent,
+                {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
+                cwd=ctx.root,
+                env=ctx.env,
+            )
+            if started.blocked:
+                return LoopOutcome(RunStatus.FAILED, "", f"SubagentStart hook: {started.message}")
+        loop = AgentRun(
+            ctx,
+            max_turns=int(record.options["max_turns"]),
+            before_finish=spawner.before_finish,
+            on_progress=lambda: self._progress.__setitem__(record.run_id, time.monotonic()),
+        )
+        timeout_seconds: float | None = record.options.get("timeout_seconds")
+        stall = asyncio.timeout(None)
+        stalled: list[bool] = []
+        watchdog = asyncio.create_task(self._watch_stall(ctx, stall, stalled))
+        try:
+            async with asyncio.timeout(timeout_seconds), stall:
+                if driver is not None:
+                    return await driver.drive(record, self)
+                return await loop.run(record.prompt)
+        except TimeoutError:
+            why = (
+                f"stalled: no progress for {self.settings.stall_timeout:g}s"
+                if stalled
+                else f"timed out after {timeout_seconds:g}s"
+            )
+            return LoopOutcome(RunStatus.TIMED_OUT, loop.last_text, why)
+        except OrchError as e:
+            return LoopOutcome(RunStatus.FAILED, loop.last_text, str(e))
+        except Exception as e:  # a model or tool bug must end the run, not the tree
+            return LoopOutcome(RunStatus.FAILED, loop.last_text, f"{type(e).__name__}: {e}".strip())
+        finally:
+            watchdog.cancel()
+
+    async def _watch_stall(
+        self, ctx: RunContext, stall: asyncio.Timeout, stalled: list[bool]
+    ) -> None:
+        """A background run with no progress for ``stall_timeout`` ends as timed_out.
+
+        Progress is a model reply or a finished tool call; a run with a tool call (or a
+        wait for its children) under way is busy, not stalled: those have their own limits.
+        """
+        limit = self.settings.stall_timeout
+        if limit <= 0:
+            return
+        run_id = ctx.run_id
+        self._progress[run_id] = time.monotonic()
+        while True:
+            await asyncio.sleep(min(limit / 4, 5.0))
+            if ctx.inflight > 0:
+                self._progress[run_id] = time.monotonic()
+                continue
+            rec_bg = self.store.get_run(run_id)
+            idle = time.monotonic() - self._progress.get(run_id, time.monotonic())
+            if rec_bg is not None and rec_bg.background and idle > limit:
+                stalled.append(True)
+                stall.reschedule(asyncio.get_running_loop().time())
+                return
+
+    def _finish(
+        self,
+        record: RunRecord,
+        ctx: RunContext | None,
+        outcome: LoopOutcome,
+        workspace: Workspace | None,
+    ) -> RunRecord:
+        """The one place a run's ending is written."""
+        artifacts = [*(workspace.artifacts() if workspace is not None else []), *outcome.artifacts]
+        fields: dict[str, object] = {
+            "status": outcome.status,
+            "output": outcome.text,
+            "summary": outcome.text[:2000],
+            "error": outcome.error,
+            "artifacts": artifacts,
+            "ended_at": now(),
+        }
+        if ctx is not None:
+            fields["usage"] = ctx.usage
+            fields["evidence"] = ctx.evidence
+        done = self.store.update_run(record.run_id, **fields)
+        self.store.save_output(record.run_id, outcome.text)
+        self.store.add_event(
+            record.run_id,
+            "run_finished",
+            {
+                "status": outcome.status.value,
+                "error": outcome.error,
+                "usage": done.usage.model_dump(),
+                "evidence": done.evidence.model_dump(),
+                "artifacts": artifacts,
+            },
+        )
+        return done
+
+    # -- around root runs ---------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def warm_pool(self, record: RunRecord) -> AsyncIterator[None]:
+        """Keep ``sandbox.pool_size`` containers started for the run's repository."""
+        if self.settings.sandbox.pool_size <= 0:
+            yield
+            return
+        from .workspaces.pool import ContainerPool
+
+        spec = RunSpec.model_validate(record.options["spec"])
+        async with ContainerPool(spec.workdir, self.settings.sandbox):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def supervised(self) -> AsyncIterator[None]:
+        supervisor = Supervisor(self.store, lambda: self.jobs)
+        supervisor.start()
+        try:
+            yield
+        finally:
+            await supervisor.stop()

@@ -1,0 +1,50 @@
+"""RunSpec: what to run, the one input of ``Runner.spawn``.
+
+A spec says what the caller asks for; the runner resolves the rest (the agent
+definition, the model, the tools, the chain position, the tier) and holds it
+to the parent's limits. Every way of starting a run builds one: ``orch task``
+(root), the ``task`` tool (a child), a team (its root and its turns), the
+detached worker (the stored spec of a queued run) and ``orch resume``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .workspaces.registry import WorkspaceConfig
+
+
+class Limits(BaseModel):
+    """Limits asked for; None takes the agent's, then the settings' value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int | None = Field(default=None, ge=1)
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    max_depth: int | None = Field(default=None, ge=0)  # a root's; children keep their chain's
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    agent: str | None = None  # None: the default agent ("general")
+    description: str = ""
+    model: str | None = None  # alias or id; None: the agent's, else the parent's, else default
+    # Chain position: None starts a new chain at depth 0; a run id makes a child of that
+    # run (same chain, depth + 1, the parent's limits).
+    parent_run_id: str | None = None
+    workdir: Path  # the spawner's workspace root (the user's directory for a root run)
+    # The tier: None takes the agent definition's, else the parent's (never weaker).
+    workspace: WorkspaceConfig | None = None
+    limits: Limits = Field(default_factory=Limits)
+    background: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("prompt must not be blank")
+        return v

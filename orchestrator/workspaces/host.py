@@ -1,0 +1,155 @@
+"""The host tiers' execution: commands under the OS sandbox, files opened race-free.
+
+:func:`run_confined` runs a host-tier command under bubblewrap (``osbox``): the
+filesystem read-only but the workspace, ``.git`` read-only, a private ``/tmp``
+and ``/proc`` (orch's process is not visible), no network unless ``network =
+"host"``, a whitelisted environment (never an API key), secret paths and the
+store hidden. Without bwrap it fails closed, unless ``sandbox.os = "off"``.
+
+Every file operation goes through :mod:`orchestrator.safefs`: the path is opened
+beneath the workspace root's directory descriptor, no symlink is followed and
+hard links, FIFOs and devices are refused, so a process that shares the
+workspace (a leftover of an agent's command) cannot swap a directory for a
+symlink between a check and the open. Reads are capped before any byte is
+loaded. Commands run through the workspace's own ``exec`` (the tier decides
+how: plain, under the OS sandbox, or in a container).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+from ..config import SandboxSettings
+from ..osbox import OsSandbox, SandboxUnavailable, available, default_hidden, sandbox_env
+from ..safefs import Beneath, UnsafePath
+from .base import FileRead, ProcessResult, WorkspaceSpec, run_process
+
+SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
+GREP_FILE_BYTES = 2 * 1024 * 1024  # a larger file is searched in its first 2 MiB only
+GREP_LINE_CHARS = 300
+
+Exec = Callable[..., Awaitable[ProcessResult]]
+CHAIN_ENV = ("ORCH_CHAIN_ID", "ORCH_PARENT_RUN_ID", "ORCH_DEPTH")
+
+
+def os_sandbox_of(spec: WorkspaceSpec) -> str:
+    """How the run's host-tier commands are confined: "bwrap" or "off" (unsandboxed)."""
+    return SandboxSettings.model_validate(spec.options.get("sandbox") or {}).os
+
+
+def os_sandbox_mode(spec: WorkspaceSpec) -> str:
+    """``os_sandbox_of``; raises SandboxUnavailable (the fix in one line) when bwrap is
+    asked for and cannot run here: a host tier fails closed at start."""
+    mode = os_sandbox_of(spec)
+    if mode == "bwrap" and (reason := available()) is not None:
+        raise SandboxUnavailable(reason)
+    return mode
+
+
+async def run_confined(
+    command: str,
+    *,
+    spec: WorkspaceSpec,
+    workspace: Path,
+    read_only_within: tuple[Path, ...],
+    timeout_s: float,
+    env: Mapping[str, str],
+) -> ProcessResult:
+    """``bash -c command`` in ``workspace`` under the run's OS sandbox."""
+    argv = ["bash", "-c", command]
+    cfg = SandboxSettings.model_validate(spec.options.get("sandbox") or {})
+    if cfg.os == "off":
+        return await run_process(
+            argv, cwd=workspace, env=env, timeout_s=timeout_s, sink=spec.sink, run_id=spec.run_id
+        )
+    chain = {k: env[k] for k in CHAIN_ENV if k in env}
+    box_env = {**sandbox_env(env, chain), **spec.options.get("extra_env", {})}
+    home = Path(env.get("HOME") or "/")
+    hidden = [home / p[2:] if p.startswith("~/") else Path(p) for p in cfg.hidden]
+    if state := spec.options.get("state_dir"):
+        hidden.append(Path(state))
+    box = OsSandbox(
+        workspace=workspace,
+        read_only_within=read_only_within,
+        hidden=default_hidden(None, *hidden),
+        network=spec.options.get("network") == "host",
+        env=box_env,
+    )
+    return await run_process(
+        box.wrap(argv, workspace),
+        cwd=workspace,
+        env=box.env,
+        timeout_s=timeout_s,
+        sink=spec.sink,
+        run_id=spec.run_id,
+    )
+
+
+class HostRuntime:
+    """Runtime over a host directory; ``exec`` is the tier's command runner."""
+
+    def __init__(self, root: Path, exec_: Exec) -> None:
+        self.root = root
+        self._exec = exec_
+
+    async def exec(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str]
+    ) -> ProcessResult:
+        return await self._exec(command, timeout_s=timeout_s, env=env)
+
+    async def read_file(self, path: str, *, max_bytes: int) -> FileRead:
+        def read() -> FileRead:
+            with Beneath(self.root) as fs:
+                data, size = fs.read(path, max_bytes)
+            return FileRead(data, size)
+
+        return await asyncio.to_thread(read)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        def write() -> None:
+            with Beneath(self.root) as fs:
+                fs.write(path, data)
+
+        await asyncio.to_thread(write)
+
+    async def glob(self, pattern: str, *, limit: int) -> tuple[list[str], bool]:
+        def find() -> tuple[list[str], bool]:
+            with Beneath(self.root) as fs:
+                return fs.glob(pattern, limit=limit, skip_dirs=SKIP_DIRS)
+
+        return await asyncio.to_thread(find)
+
+    async def grep(
+        self, pattern: str, *, path: str | None, glob: str | None, limit: int
+    ) -> list[str]:
+        regex = re.compile(pattern)
+
+        def search() -> list[str]:
+            hits: list[str] = []
+            with Beneath(self.root) as fs:
+                if path and fs.is_file(path):  # one file, named: what is wrong with it is said
+                    fs.read(path, 0)
+                    files = [path]
+                else:
+                    prefix = (path or "").strip("/")
+                    sub = f"{prefix}/**/{glob or '*'}" if prefix else f"**/{glob or '*'}"
+                    files, _ = fs.glob(sub, limit=100_000, skip_dirs=SKIP_DIRS)
+                for rel in files:
+                    try:
+                        data, _ = fs.read(rel, GREP_FILE_BYTES)
+                    except (OSError, UnsafePath):
+                        continue  # unsafe, special or vanished: skipped, as glob skips it
+                    if b"\x00" in data[:8192]:
+                        continue
+                    text = data.decode("utf-8", "replace")
+                    for n, line in enumerate(text.splitlines(), 1):
+                        if regex.search(line):
+                            hits.append(f"{rel}:{n}: {line[:GREP_LINE_CHARS]}")
+                            if len(hits) >= limit:
+                                return hits
+            return hits
+
+        return await asyncio.to_thread(search)

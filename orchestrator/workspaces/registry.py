@@ -1,0 +1,74 @@
+"""The isolation tiers, weakest first: the only list of them.
+
+Adding a tier is one new module (a :class:`~.base.TierConfig` subclass whose
+``provision`` makes its :class:`~.base.Workspace`) plus its entry here, in
+``TIERS`` and in the ``WorkspaceConfig`` union. The order of ``TIERS`` is the
+trust order: a child may run in its parent's tier or a stronger one, never a
+weaker one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter
+
+from ..errors import OrchError, UsageError
+from .base import TierConfig
+from .container import ContainerConfig
+from .shared import SharedConfig
+from .worktree import WorktreeConfig
+
+TIERS: tuple[type[TierConfig], ...] = (SharedConfig, WorktreeConfig, ContainerConfig)
+
+WorkspaceConfig = Annotated[
+    SharedConfig | WorktreeConfig | ContainerConfig, Field(discriminator="type")
+]
+
+_BY_NAME: dict[str, type[TierConfig]] = {
+    str(cls.model_fields["type"].default): cls for cls in TIERS
+}
+TIER_NAMES: tuple[str, ...] = tuple(_BY_NAME)
+_ADAPTER: TypeAdapter[WorkspaceConfig] = TypeAdapter(WorkspaceConfig)
+
+
+def unknown_tier(name: str) -> UsageError:
+    return UsageError(f"unknown isolation {name!r}; choose {', '.join(TIER_NAMES)}")
+
+
+def tier_config(name: str) -> TierConfig:
+    """The default config of the tier called ``name``."""
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        raise unknown_tier(name)
+    return cls.model_validate({})
+
+
+def parse_config(data: object) -> TierConfig:
+    """A stored or given config (a dict with ``type``) as its tier's config class."""
+    config: TierConfig = _ADAPTER.validate_python(data)
+    return config
+
+
+def rank(name: str) -> int:
+    """A tier's place in the trust order (0 is the weakest)."""
+    if name not in _BY_NAME:
+        raise unknown_tier(name)
+    return TIER_NAMES.index(name)
+
+
+def choose_tier(asked: TierConfig | None, agents: str | None, parents: str | None) -> TierConfig:
+    """A run's tier: asked for, else the agent definition's, else the parent's; never weaker
+    than the parent's. A weaker one asked for is refused; an agent's weaker default is raised."""
+    floor = rank(parents) if parents is not None else 0
+    if asked is not None:
+        if rank(asked.type) < floor:
+            allowed = ", ".join(TIER_NAMES[floor:])
+            raise OrchError(
+                f"isolation {asked.type!r} is weaker than this agent's own {parents!r}; a child "
+                f"runs in its parent's tier or a stronger one ({allowed})"
+            )
+        return asked
+    if agents and rank(agents) >= floor:
+        return tier_config(agents)
+    return tier_config(parents or TIER_NAMES[0])

@@ -1,0 +1,228 @@
+"""The engine through its seams, on an in-memory workspace: no bash, git or Docker involved.
+
+Covers the Runner's admission rules (chain position, tools, tier order), the one
+ending per run, the narrow tool context and the RunSpec contract.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.run import RunStatus
+from orchestrator.spec import RunSpec
+from orchestrator.workspaces.base import ProcessResult
+from orchestrator.workspaces.registry import TIER_NAMES, parse_config, rank
+from orchestrator.workspaces.worktree import WorktreeConfig
+from tests.fakes import FakeRuntime, FakeWorkspace, provisioner
+from tests.support import harness, orch, task_call, tool_results, write_script
+
+
+def test_child_and_parent_share_files_through_the_runtime(tmp_path: Path) -> None:
+    runtime = FakeRuntime({"notes.txt": "from the user\n"})
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("write the answer")]},
+                    {"tool_calls": [{"tool": "read_file", "input": {"path": "out/answer.txt"}}]},
+                    {"expect_result": "42", "text": "the child wrote 42"},
+                ],
+            },
+            {
+                "depth": 1,
+                "turns": [
+                    {"tool_calls": [{"tool": "read_file", "input": {"path": "notes.txt"}}]},
+                    {
+                        "expect_result": "from the user",
+                        "tool_calls": [
+                            {
+                                "tool": "write_file",
+                                "input": {"path": "out/answer.txt", "content": "42"},
+                            }
+                        ],
+                    },
+                    {"text": "wrote it"},
+                ],
+            },
+        ]
+    }
+    h = harness(tmp_path, script, provision=provisioner(runtime))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert runtime.files["out/answer.txt"] == b"42"
+    (child,) = [r for r in h.runs(root.chain_id) if r.depth == 1]
+    assert child.evidence.files_read == ["notes.txt"]
+    assert child.evidence.files_written == ["out/answer.txt"]
+    assert root.evidence.children == [child.run_id]
+    assert child.workspace == {"isolation": "shared", "root": "/fake/workspace", "fake": True}
+
+
+def test_bash_runs_in_the_runtime_with_the_scrubbed_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret")
+    monkeypatch.setenv("HARMLESS_SETTING", "yes")
+    runtime = FakeRuntime(commands={"make test": ProcessResult(0, "all good\n")})
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {"tool_calls": [{"tool": "bash", "input": {"command": "make test"}}]},
+                    {"expect_result": "all good", "text": "done"},
+                ]
+            }
+        ]
+    }
+    h = harness(tmp_path, script, provision=provisioner(runtime))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    ((command, env),) = runtime.ran
+    assert command == "make test"
+    assert "ANTHROPIC_API_KEY" not in env and env.get("HARMLESS_SETTING") == "yes"
+    assert [c.exit_code for c in root.evidence.commands] == [0]
+
+
+def _tier_script(isolation: str | None) -> dict[str, object]:
+    extra = {"isolation": isolation} if isolation else {}
+    return {
+        "conversations": [
+            {"depth": 0, "turns": [{"tool_calls": [task_call("sub", **extra)]}, {"text": "ok"}]},
+            {"depth": 1, "turns": [{"text": "child done"}]},
+        ]
+    }
+
+
+@pytest.mark.parametrize("weaker", ["shared"])
+def test_a_child_never_runs_in_a_weaker_tier(tmp_path: Path, weaker: str) -> None:
+    h = harness(tmp_path, _tier_script(weaker), provision=provisioner(FakeRuntime()))
+    root = h.run(isolation="worktree")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert [r.depth for r in h.runs(root.chain_id)] == [0]  # nothing was spawned
+    (result,) = tool_results(h.requests_of(root.run_id)[1])
+    assert result["is_error"]
+    assert f"isolation '{weaker}' is weaker than this agent's own 'worktree'" in result["content"]
+    assert "worktree, container" in result["content"]
+
+
+def test_a_childs_default_tier_is_its_parents(tmp_path: Path) -> None:
+    opened: list[FakeWorkspace] = []
+    h = harness(tmp_path, _tier_script(None), provision=provisioner(FakeRuntime(), opened))
+    root = h.run(isolation="container")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert [r.isolation for r in h.runs(root.chain_id)] == ["container", "container"]
+    assert [ws.isolation for ws in opened] == ["container", "container"]
+
+
+def test_an_agents_weaker_default_tier_is_raised_to_the_parents(tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "looker.md").write_text(
+        "---\nname: looker\ndescription: Looks.\nisolation: shared\n---\nLook around.\n"
+    )
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("look", subagent_type="looker")]},
+                    {"text": "ok"},
+                ],
+            },
+            {"depth": 1, "turns": [{"text": "looked"}]},
+        ]
+    }
+    h = harness(tmp_path, script, agents_dirs=[agents], provision=provisioner(FakeRuntime()))
+    root = h.run(isolation="worktree")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert [r.isolation for r in h.runs(root.chain_id)] == ["worktree", "worktree"]
+
+
+def test_the_tier_order_is_the_registrys() -> None:
+    assert TIER_NAMES == ("shared", "worktree", "container")
+    assert [rank(n) for n in TIER_NAMES] == [0, 1, 2]
+    cfg = parse_config({"type": "worktree", "branch": "orch/w/1"})
+    assert isinstance(cfg, WorktreeConfig) and cfg.branch == "orch/w/1"
+    with pytest.raises(ValidationError):
+        parse_config({"type": "vm"})
+    with pytest.raises(ValidationError):
+        parse_config({"type": "shared", "branch": "x"})  # extra="forbid" per tier
+
+
+def test_runspec_is_strict(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError):
+        RunSpec.model_validate({"prompt": "x", "workdir": str(tmp_path), "isolation": "shared"})
+    with pytest.raises(ValidationError):
+        RunSpec(prompt="   ", workdir=tmp_path)
+    spec = RunSpec.model_validate(
+        {"prompt": "x", "workdir": str(tmp_path), "workspace": {"type": "container"}}
+    )
+    assert spec.workspace is not None and spec.workspace.type == "container"
+    assert RunSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_a_run_has_exactly_one_ending(tmp_path: Path) -> None:
+    script = {
+        "conversations": [
+            {"depth": 0, "turns": [{"tool_calls": [task_call("sub")]}, {"text": "ok"}]},
+            {"depth": 1, "turns": [{"text": "done"}]},
+        ]
+    }
+    h = harness(tmp_path, script, provision=provisioner(FakeRuntime()))
+    root = h.run()
+    for rec in h.runs(root.chain_id):
+        kinds = [e["kind"] for e in h.store.events(rec.run_id)]
+        assert kinds.count("run_started") == 1 and kinds.count("run_finished") == 1
+        assert kinds[-1] == "run_finished"
+
+
+def test_unknown_agent_is_a_tool_error_listing_the_agents(tmp_path: Path) -> None:
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {"tool_calls": [task_call("x", subagent_type="nobody")]},
+                    {"expect_result": "unknown agent 'nobody'", "text": "ok"},
+                ]
+            }
+        ]
+    }
+    h = harness(tmp_path, script, provision=provisioner(FakeRuntime()))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    (result,) = tool_results(h.requests_of(root.run_id)[1])
+    assert "explorer" in result["content"] and "general" in result["content"]
+
+
+def test_foreground_and_background_runs_of_one_command_are_the_same(project: Path) -> None:
+    """An agent found through orch.toml's agents_dirs runs the same in both paths."""
+    (project / "orch.toml").write_text('agents_dirs = ["team-agents"]\nmax_depth = 2\n')
+    (project / "team-agents").mkdir()
+    (project / "team-agents" / "lister.md").write_text(
+        "---\nname: lister\ndescription: Lists files.\ntools: Glob\n---\nList files.\n"
+    )
+    turns = [
+        {"tool_calls": [{"tool": "glob", "input": {"pattern": "src/*.py"}}]},
+        {"expect_result": "src/app.py", "text": "LISTED src/app.py"},
+    ]
+    script = write_script(project, {"conversations": [{"agent": "lister", "turns": turns}]})
+    model = f"scripted:{script}"
+    fg = orch("task", "list", "--agent", "lister", "--json", "--model", model, cwd=project)
+    assert fg.returncode == 0, fg.stderr
+    started = orch(
+        "task", "list", "--agent", "lister", "--background", "--json", "--model", model,
+        cwd=project,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+    bg = orch("result", run_id, "--wait", "--json", cwd=project)
+    assert bg.returncode == 0, bg.stdout + bg.stderr
+    a, b = json.loads(fg.stdout), json.loads(bg.stdout)
+    for key in ("status", "agent", "summary", "isolation", "depth"):
+        assert a[key] == b[key], key
+    assert b["summary"] == "LISTED src/app.py"
+    assert a["usage"]["tool_uses"] == b["usage"]["tool_uses"] == 1
