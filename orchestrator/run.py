@@ -60,10 +60,6 @@ class Usage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
 
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
 
 class CommandEvidence(BaseModel):
     command: str

@@ -41,12 +41,12 @@ from .repo import diff_stats, discover, rev
 from .run import RunRecord, RunStatus
 from .runner import Runner
 from .spec import RunSpec
-from .workspaces.registry import tier_config
+from .workspaces.registry import BRANCH_TIERS, tier_config
 from .workspaces.shared import SharedConfig
 
 DIFF_LIMIT = 60_000  # characters of the diff put in the reviewer's prompt
 ANSWER_QUOTE = 2_000  # characters of a malformed answer quoted back to the reviewer
-TEAM_ISOLATIONS = ("worktree", "container")
+TEAM_ISOLATIONS = BRANCH_TIERS  # a writer needs a branch of its own
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
 
 
@@ -439,8 +439,8 @@ async def run_team(
         raise UsageError(f"--rounds must be at least 1, not {rounds}")
     if isolation not in TEAM_ISOLATIONS:
         raise UsageError(
-            f"a team needs a branch per writer: isolation must be worktree or container, "
-            f"not {isolation!r}"
+            f"a team needs a branch per writer: isolation must be "
+            f"{' or '.join(TEAM_ISOLATIONS)}, not {isolation!r}"
         )
     if runner.settings.max_depth < 1:
         raise UsageError("a team's writer and reviewer run at depth 1; set max_depth to 1 or more")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import none_left, orch, write_script
+from tests.support import init_repo, none_left, orch, write_script
 
 RESULT_KEYS = {
     "run_id",
@@ -35,14 +35,7 @@ RESULT_KEYS = {
 
 @pytest.fixture
 def repo(project: Path) -> Path:
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run(["git", "add", "."], cwd=project, check=True)
-    subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
-        cwd=project,
-        check=True,
-    )
-    return project
+    return init_repo(project)
 
 
 def test_missing_key_is_one_line_and_exit_2(repo: Path) -> None:

@@ -35,7 +35,7 @@ from orchestrator.workspaces.container import (
     remove_container,
 )
 from orchestrator.workspaces.pool import ContainerPool, create_container, make_slot, owner_labels
-from tests.support import alive, harness
+from tests.support import alive, harness, init_repo
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("hermetic_git")]
 
@@ -90,16 +90,8 @@ def sh(cwd: Path, *args: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    (root / "src").mkdir(parents=True)
-    sh(root, "init", "-q", "-b", "main")
-    sh(root, "config", "user.name", "The User")
-    sh(root, "config", "user.email", "user@example.com")
-    (root / "README.md").write_text("# demo\n")
-    (root / "src" / "app.py").write_text("def main() -> int:\n    return 42\n")
-    sh(root, "add", "-A")
-    sh(root, "commit", "-q", "-m", "init")
-    return root
+    files = {"README.md": "# demo\n", "src/app.py": "def main() -> int:\n    return 42\n"}
+    return init_repo(tmp_path / "proj", files)
 
 
 def spec_for(repo: Path, sink: Any = None, **sandbox: Any) -> WorkspaceSpec:

@@ -6,7 +6,6 @@ Every case ends in a defined status, within bounded time, with the store intact.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -183,4 +182,7 @@ def test_tool_registry_defaults_are_bounded() -> None:
               for t in [*builtin_tools(), *delegation_tools()]}
     assert limits["task"] is None and limits["task_output"] is None
     assert limits["read_file"] == settings.tool_timeout_s
-    assert json.dumps(limits)
+    assert limits["bash"] == settings.bash_timeout_s + 15.0  # its own timeout, then a margin
+    unbounded = {n for n, v in limits.items() if v is None}
+    assert unbounded == {"task", "task_output", "task_stop"}  # bounded by the child's limits
+    assert all(v > 0 for v in limits.values() if v is not None)

@@ -18,7 +18,7 @@ from orchestrator.cli.team import team_app
 from orchestrator.errors import UsageError
 from orchestrator.run import RunStatus
 from orchestrator.team import TeamResult, VerdictError, parse_verdict, run_team
-from tests.support import Harness, harness
+from tests.support import Harness, harness, init_repo
 
 TASK = "Implement add(a, b) in calc.py"
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -68,16 +68,9 @@ pytestmark = pytest.mark.usefixtures("hermetic_git")
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    root.mkdir()
-    sh(root, "init", "-q", "-b", "main")
-    sh(root, "config", "user.name", "The User")
-    sh(root, "config", "user.email", "user@example.com")
-    sh(root, "config", "commit.gpgsign", "false")
-    (root / "calc.py").write_text("def add(a, b):\n    raise NotImplementedError\n")
-    sh(root, "add", "-A")
-    sh(root, "commit", "-q", "-m", "init")
-    return root
+    return init_repo(
+        tmp_path / "proj", {"calc.py": "def add(a, b):\n    raise NotImplementedError\n"}
+    )
 
 
 # -- the loop ---------------------------------------------------------------------------

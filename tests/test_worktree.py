@@ -26,6 +26,7 @@ from orchestrator.workspaces.worktree import (
     branch_name,
     salvage_worktree,
 )
+from tests.support import init_repo
 
 AUTHOR = "orch coder <orch@localhost>"
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
@@ -93,16 +94,7 @@ pytestmark = pytest.mark.usefixtures("hermetic_git")
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """main with one commit, and a checked-out ``feature`` branch one commit ahead of it."""
-    root = tmp_path / "proj"
-    root.mkdir()
-    sh(root, "init", "-q", "-b", "main")
-    sh(root, "config", "user.name", "The User")
-    sh(root, "config", "user.email", "user@example.com")
-    sh(root, "config", "commit.gpgsign", "false")
-    (root / "a.txt").write_text("one\ntwo\nthree\n")
-    (root / ".gitignore").write_text(".env\n")
-    sh(root, "add", "-A")
-    sh(root, "commit", "-q", "-m", "init")
+    root = init_repo(tmp_path / "proj", {"a.txt": "one\ntwo\nthree\n", ".gitignore": ".env\n"})
     sh(root, "checkout", "-q", "-b", "feature")
     (root / "b.txt").write_text("feature\n")
     sh(root, "add", "-A")

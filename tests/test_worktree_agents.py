@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -15,20 +14,12 @@ import yaml
 
 from orchestrator.run import RunStatus
 from orchestrator.store import open_store
-from tests.support import harness, orch, task_call, tool_results
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
-    ).stdout.strip()
+from tests.support import git, harness, init_repo, orch, task_call, tool_results
 
 
 @pytest.fixture
 def repo(project: Path) -> Path:
-    git(project, "init", "-q", "-b", "main")
-    git(project, "add", ".")
-    git(project, "-c", "user.name=u", "-c", "user.email=u@u", "commit", "-qm", "init")
+    init_repo(project)
     git(project, "checkout", "-qb", "feature")
     (project / "feature.txt").write_text("feature work\n")
     git(project, "add", ".")

@@ -12,21 +12,14 @@ import pytest
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.worktree import WorktreeWorkspace, salvage_worktree
+from tests.support import init_repo
 from tests.test_worktree import make_spec, orch_branches, run_changes, sh, worktree_count
 
 pytestmark = pytest.mark.usefixtures("hermetic_git")
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "proj"
-    root.mkdir()
-    sh(root, "init", "-q", "-b", "main")
-    sh(root, "config", "user.name", "The User")
-    sh(root, "config", "user.email", "user@example.com")
-    (root / "a.txt").write_text("one\n")
-    sh(root, "add", "-A")
-    sh(root, "commit", "-q", "-m", "init")
-    return root
+    return init_repo(tmp_path / "proj", {"a.txt": "one\n"})
 
 
 def test_continue_branch_commits_on_it_and_measures_from_base(repo: Path) -> None:

@@ -84,7 +84,7 @@ def run(
     from .engine import make_runner
 
     if isolation not in TEAM_ISOLATIONS:
-        raise UsageError(f"--isolation must be worktree or container, not {isolation!r}")
+        raise UsageError(f"--isolation must be {' or '.join(TEAM_ISOLATIONS)}, not {isolation!r}")
     project = open_project(workdir, model=model)
     provider = ModelProvider(project.settings, model)
     provider.check_ready()

@@ -29,6 +29,7 @@ _BY_NAME: dict[str, type[TierConfig]] = {
     str(cls.model_fields["type"].default): cls for cls in TIERS
 }
 TIER_NAMES: tuple[str, ...] = tuple(_BY_NAME)
+BRANCH_TIERS: tuple[str, ...] = tuple(n for n, c in _BY_NAME.items() if c.needs_git)
 _ADAPTER: TypeAdapter[WorkspaceConfig] = TypeAdapter(WorkspaceConfig)
 
 
