@@ -60,8 +60,7 @@ class BenchModel:
 async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, BenchModel]:
     model = BenchModel(fan, latency)
     settings = Settings(max_parallel_children=cap)
-    provider = ModelProvider(settings)
-    provider.scripted = model  # type: ignore[assignment]  # any Model will do
+    provider = ModelProvider(settings, model=model)
     runner = Runner(
         settings=settings,
         store=open_store(root),

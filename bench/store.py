@@ -194,8 +194,7 @@ def rss():
 async def main():
     tmp = Path(tempfile.mkdtemp())
     settings = Settings(max_parallel_children=N)
-    provider = ModelProvider(settings)
-    provider.scripted = Slow()
+    provider = ModelProvider(settings, model=Slow())
     from orchestrator.store import open_store
     d = Runner(settings=settings, store=open_store(tmp), catalog=load_catalog(tmp),
                   models=provider)

@@ -44,8 +44,16 @@ def owner_alive(record: RunRecord) -> bool:
     return record.pid_start is None or record.pid_start == started
 
 
+_ME: tuple[int, int | None] = (0, None)
+
+
 def me() -> tuple[int, int | None]:
-    return os.getpid(), process_start(os.getpid())
+    """This process as an owner: its pid and start time (read once per process)."""
+    global _ME
+    pid = os.getpid()
+    if _ME[0] != pid:  # first call, or a forked child
+        _ME = (pid, process_start(pid))
+    return _ME
 
 
 class Supervisor:

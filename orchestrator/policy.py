@@ -39,6 +39,19 @@ from .config import DenyRule, HookCommand, Settings
 DELEGATION_TOOLS = frozenset({"task", "task_output", "task_stop"})
 
 
+def tool_set(allowed_tools: list[str]) -> frozenset[str]:
+    """The tools a run may call: its allow-list, and who may delegate may also collect and
+    stop what it delegated."""
+    tools = frozenset(allowed_tools)
+    return tools | DELEGATION_TOOLS if "task" in tools else tools
+
+
+def child_tools(parent_tools: list[str], requested: list[str]) -> list[str]:
+    """A child's tools: those it asks for that its parent has (in the order asked)."""
+    allowed = tool_set(parent_tools)
+    return [t for t in requested if t in allowed]
+
+
 @dataclass(frozen=True)
 class Decision:
     allowed: bool
@@ -80,10 +93,6 @@ class Policy:
         if self.may_delegate:
             return self.allowed_tools
         return self.allowed_tools - DELEGATION_TOOLS
-
-    def child_tools(self, requested: list[str]) -> frozenset[str]:
-        """A child never has more tools than its parent."""
-        return frozenset(t for t in requested if t in self.allowed_tools)
 
     def check_call(self, tool: str, args: Mapping[str, Any]) -> Decision:
         if tool in DELEGATION_TOOLS and tool == "task" and not self.may_delegate:
@@ -139,11 +148,8 @@ class Policy:
     def for_run(
         cls, settings: Settings, allowed_tools: list[str], depth: int, max_depth: int
     ) -> Policy:
-        tools = set(allowed_tools)
-        if "task" in tools:  # who may delegate may also collect and stop what it delegated
-            tools |= DELEGATION_TOOLS
         return cls(
-            allowed_tools=frozenset(tools),
+            allowed_tools=tool_set(allowed_tools),
             depth=depth,
             max_depth=max_depth,
             deny=[*settings.bash_deny, *settings.extra_bash_deny],

@@ -36,7 +36,7 @@ from .delegation import ChildSpawner, RunHandle
 from .errors import OrchError
 from .models import ModelProvider
 from .paths import project_root
-from .policy import Policy, run_hooks, scrubbed_env
+from .policy import Policy, child_tools, run_hooks, scrubbed_env
 from .run import RunRecord, RunStatus, new_chain_id, new_run_id, now
 from .spec import RunSpec
 from .store import RunStore
@@ -88,6 +88,9 @@ class Runner:
         self._progress: dict[str, float] = {}  # run id -> monotonic time of its last progress
         self._env: dict[str, str] | None = None
         self._state_dir: Path | None = None
+        # Runs admitted by this process and not yet ended: their record as created (its
+        # chain position and limits never change) and their resolved spec.
+        self._live: dict[str, tuple[RunRecord, RunSpec]] = {}
 
     # -- starting runs ------------------------------------------------------------------
     async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
@@ -161,9 +164,13 @@ class Runner:
     # -- admission: resolve a spec into a stored record ----------------------------------
     def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
         definition = driver.definition if driver else self.catalog.agent(spec.agent or "general")
-        parent = self.store.require_run(spec.parent_run_id) if spec.parent_run_id else None
+        parent = None
+        if spec.parent_run_id is not None:  # a live parent of this process: no store read
+            live = self._live.get(spec.parent_run_id)
+            parent = live[0] if live else self.store.require_run(spec.parent_run_id)
         requested = definition.allowed_tools(self.tools.names())
         if parent is None:
+            spec = spec.model_copy(update={"workdir": spec.workdir.resolve()})
             chain_id, depth = new_chain_id(), 0
             max_depth = self.settings.max_depth
             if spec.limits.max_depth is not None:
@@ -177,10 +184,7 @@ class Runner:
                     f"max_depth is {parent.max_depth}; do the work yourself"
                 )
             chain_id, depth, max_depth = parent.chain_id, parent.depth + 1, parent.max_depth
-            parent_policy = Policy.for_run(
-                self.settings, parent.allowed_tools, parent.depth, parent.max_depth
-            )
-            allowed = sorted(parent_policy.child_tools(requested), key=requested.index)
+            allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
             model = self.models.resolve(spec.model or definition.model or parent.model or None)
         tier = choose_tier(
             spec.workspace, definition.isolation, parent.isolation if parent else None
@@ -212,6 +216,7 @@ class Runner:
             },
         )
         self.store.create_run(record)
+        self._live[record.run_id] = (record, resolved)
         if driver is not None:
             self._drivers[record.run_id] = driver
         if parent is not None:
@@ -270,10 +275,12 @@ class Runner:
                 slot.release()
             self._slots.pop(record.run_id, None)
             self._drivers.pop(record.run_id, None)
+            self._live.pop(record.run_id, None)
 
     async def _run(self, record: RunRecord, driver: Driver | None) -> RunRecord:
         store = self.store
-        spec = RunSpec.model_validate(record.options["spec"])
+        live = self._live.get(record.run_id)
+        spec = live[1] if live else RunSpec.model_validate(record.options["spec"])
         assert spec.workspace is not None  # _admit resolved it
         definition = driver.definition if driver else self.catalog.agent(record.agent)
         pid, pid_start = me()

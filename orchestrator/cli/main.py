@@ -140,7 +140,10 @@ def task(
     prompt: Annotated[str, typer.Argument(help="What the agent should do.")],
     agent: Annotated[str, typer.Option("--agent", "-a", help="Agent definition.")] = "general",
     isolation: Annotated[
-        str | None, typer.Option(help="Isolation tier (default: the agent's, else shared); a wrong name lists them.")
+        str | None,
+        typer.Option(
+            help="Isolation tier (default: the agent's, else shared); a wrong name lists them."
+        ),
     ] = None,
     background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
     model: Annotated[

@@ -26,7 +26,7 @@ class SharedWorkspace:
 
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
-        self.root: Path = spec.base.resolve()
+        self.root: Path = spec.base  # resolved: a root's at admission, a child's is its parent's
 
     async def __aenter__(self) -> Self:
         return self
