@@ -116,7 +116,8 @@ def context_economy(root: Path, files: int = 20) -> dict[str, Any]:
                                 "input": {
                                     "subagent_type": "explorer",
                                     "description": "survey modules",
-                                    "prompt": "Read every file in economy/ and summarize what they define.",
+                                    "prompt": "Read every file in economy/ and summarize "
+                                    "what they define.",
                                 },
                             }
                         ]

@@ -76,6 +76,8 @@ class LoopOutcome:
     artifacts: list[dict[str, Any]] = field(default_factory=list)  # a driver's own
 
 
+OFF_LOOP_CHECK_CHARS = 2048  # a bash command longer than this is checked in a thread
+
 CONTINUE = (
     "Your reply was cut off at the output token limit. Continue exactly where it stopped, "
     "without repeating anything."
@@ -259,8 +261,13 @@ class AgentRun:
         if tool is None:
             offered = ", ".join(sorted(ctx.policy.offered_tools()))
             return ToolOutput(f"unknown tool {name[:100]!r}; your tools: {offered}", True)
-        # Command checks are CPU work on untrusted text: never on the event loop.
-        decision = await asyncio.to_thread(ctx.policy.check_call, name, args)
+        # Command checks are CPU work on untrusted text: a long command is checked off the
+        # event loop (for a short one the thread hop costs more than the check).
+        command = args.get("command")
+        if isinstance(command, str) and len(command) > OFF_LOOP_CHECK_CHARS:
+            decision = await asyncio.to_thread(ctx.policy.check_call, name, args)
+        else:
+            decision = ctx.policy.check_call(name, args)
         if not decision.allowed:
             ctx.store.add_event(
                 ctx.run_id, "tool_refused", {"tool": name, "reason": decision.reason}

@@ -29,17 +29,33 @@ MISSING_KEY = (
 
 
 class ModelProvider:
-    """Turns model names (aliases, ids, ``scripted:PATH``) into Model objects."""
+    """Turns model names (aliases, ids, ``scripted:PATH``) into Model objects.
+
+    ``scripted`` (or a ``scripted:PATH`` spec) and ``model`` (any object implementing
+    :class:`Model`, for tests and embedders) each make ``get`` return that one model for
+    every name; ``model`` wins if both are given.
+    """
 
     def __init__(
-        self, settings: Settings, spec: str | None = None, *, scripted: ScriptedModel | None = None
+        self,
+        settings: Settings,
+        spec: str | None = None,
+        *,
+        scripted: ScriptedModel | None = None,
+        model: Model | None = None,
     ) -> None:
         self.settings = settings
         self.scripted = scripted
         spec = spec or settings.model
-        if scripted is None and spec.startswith("scripted:"):
+        if scripted is None and model is None and spec.startswith("scripted:"):
             self.scripted = ScriptedModel.load(Path(spec.removeprefix("scripted:")))
-        self.default = "scripted" if self.scripted is not None else settings.resolve_model(spec)
+        self.fixed: Model | None = model if model is not None else self.scripted
+        if model is not None:
+            self.default = "model"
+        elif self.scripted is not None:
+            self.default = "scripted"
+        else:
+            self.default = settings.resolve_model(spec)
         self._models: dict[str, Model] = {}
         self._client: Any = None
 
@@ -62,20 +78,18 @@ class ModelProvider:
             await client.close()
 
     def resolve(self, name: str | None) -> str:
-        if self.scripted is not None:
-            return self.settings.resolve_model(name) if name else "scripted"
         return self.settings.resolve_model(name) if name else self.default
 
     def check_ready(self) -> None:
-        if self.scripted is None:
+        if self.fixed is None:
             from .anthropic import has_credentials
 
             if not has_credentials():
                 raise UsageError(MISSING_KEY)
 
     def get(self, name: str) -> Model:
-        if self.scripted is not None:
-            return self.scripted
+        if self.fixed is not None:
+            return self.fixed
         if name not in self._models:
             from .anthropic import AnthropicModel, make_client
 
