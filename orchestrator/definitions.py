@@ -10,17 +10,17 @@ definition, never a crash. A file that cannot be loaded at all becomes a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import OrchError, UsageError
+from .errors import UsageError
+from .frontmatter import DefinitionError as DefinitionError  # re-exported: loaders raise it
+from .frontmatter import parse_frontmatter
 
 # Our own tool names pass through a ``tools`` list unchanged.
 ORCH_TOOLS: tuple[str, ...] = tuple(
@@ -58,21 +58,7 @@ SKILL_FIELDS = frozenset(
 
 _SKIP = re.compile(r"^((?i:readme\.md)|LICENSE.*|\..*)$")  # not license-engineer.md
 _WITHOUT = "the agent loads without it"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
-_KEY_LINE = re.compile(r"^([A-Za-z_][\w-]*)[ \t]*:(?:[ \t]+(.*?))?[ \t]*$")
 _PATTERN_RE = re.compile(r"^([^()]+)\((.*)\)$")
-
-
-class DefinitionError(OrchError):
-    """A definition file that cannot be loaded; the message reads ``path:LINE: ...``."""
-
-    exit_code = 2
-
-    def __init__(self, path: Path | str, line: int, problem: str) -> None:
-        self.path = str(path)
-        self.line = line
-        self.problem = problem
-        super().__init__(f"{self.path}:{line}: {problem}")
 
 
 class UnknownAgent(UsageError):
@@ -95,6 +81,7 @@ class AgentDefinition(BaseModel):
     max_turns: int | None = None
     skills: list[str] = Field(default_factory=list)
     isolation: str | None = None  # a tier name from workspaces.registry
+    agents: list[str] | None = None  # the agents it may start (``Task(a, b)``); None: any
     background: bool = False
     color: str | None = None
     system_prompt: str = ""
@@ -126,129 +113,6 @@ class ValidationReport(BaseModel):
     error: str | None = None
 
 
-@dataclass
-class _Parsed:
-    """Frontmatter data, the file line of each top-level key, the body, parse warnings."""
-
-    path: str
-    data: dict[str, Any]
-    key_lines: dict[str, int]
-    body: str
-    warnings: list[str]
-
-    def line(self, key: str) -> int:
-        return self.key_lines.get(key, 1)
-
-    def error(self, key: str, problem: str) -> DefinitionError:
-        return DefinitionError(self.path, self.line(key), problem)
-
-    def opt_str(self, key: str, example: str) -> str | None:
-        value = self.data.get(key)
-        if value is not None and not isinstance(value, str):
-            raise self.error(key, f"{key!r} must be a string, not {value!r}; e.g. {example}")
-        return (value or "").strip() or None
-
-    def req_str(self, key: str, example: str) -> str:
-        if (value := self.opt_str(key, example)) is None:
-            raise self.error(key, f"missing {key!r}; add a line like {example}")
-        return value
-
-    def unsupported(self, known: frozenset[str]) -> None:
-        unknown = [k for k in self.data if k not in known]
-        self.warnings += [f"field {k!r} is not supported yet; ignored" for k in unknown]
-
-    def str_list(self, key: str, example: str) -> list[str] | None:
-        value = self.data.get(key)
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = value.split(",")
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            what = f"a comma-separated string or a list of strings, not {type(value).__name__}"
-            raise self.error(key, f"{key!r} must be {what}; e.g. {example}")
-        return [v.strip().strip("\"'") for v in value if v.strip().strip("\"'")]
-
-    def check_name(self, name: str, kind: str) -> str:
-        if not _NAME_RE.match(name):
-            what = "letters, digits, '-', '_', '.' and ':'"
-            raise self.error("name", f"{kind} name {name!r} may hold only {what}")
-        return name
-
-
-def _split_frontmatter(text: str, path: str) -> tuple[list[str], int, str]:
-    """(frontmatter lines, file line number of the first of them, body)."""
-    lines = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    start = next((i for i, ln in enumerate(lines) if ln.strip()), len(lines))
-    if start == len(lines) or lines[start].rstrip() != "---":
-        fix = "start the file with '---', 'name: ...', 'description: ...', '---' lines"
-        raise DefinitionError(path, min(start + 1, len(lines)), f"no YAML frontmatter; {fix}")
-    for end in range(start + 1, len(lines)):
-        if lines[end].rstrip() == "---":
-            return lines[start + 1 : end], start + 2, "\n".join(lines[end + 1 :])
-    raise DefinitionError(path, start + 1, "the frontmatter is never closed; add a '---' line")
-
-
-def _plain_value_span(lines: list[str], idx: int) -> tuple[int, int] | None:
-    """The top-level ``key: plain value`` entry (with continuation lines) holding ``idx``."""
-    first = idx
-    while first > 0 and (not lines[first].strip() or lines[first][:1] in " \t"):
-        first -= 1
-    m = _KEY_LINE.match(lines[first])
-    if m is None or not m.group(2) or m.group(2)[0] in "\"'[{|>&*!%@`#":
-        return None
-    end = first + 1
-    while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t"):
-        end += 1
-    return first, end
-
-
-def _load_yaml(fm: list[str], first_line: int, path: str) -> tuple[Any, list[str]]:
-    """Parse frontmatter. A plain value YAML rejects (``description: a: b``, common in the
-    wild and accepted by Claude Code) is read as text, with a warning."""
-    work = list(fm)
-    warnings: list[str] = []
-    while True:
-        try:
-            return yaml.safe_load("\n".join(work)), warnings
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            # An error found at the very end (an unclosed quote or bracket) began earlier.
-            late = mark is not None and mark.line >= len(work) - 1
-            mark = (getattr(e, "context_mark", None) if late else None) or mark
-            idx = max(0, min(mark.line, len(work) - 1)) if mark is not None else 0
-            problem = getattr(e, "problem", None) or str(e)
-            span = _plain_value_span(work, idx) if mark is not None and work else None
-            if span is None:
-                fix = "fix the syntax, e.g. quote values that contain ': '"
-                bad = f"frontmatter is not valid YAML ({problem}); {fix}"
-                raise DefinitionError(path, first_line + idx, bad) from e
-            a, b = span
-            m = _KEY_LINE.match(work[a])
-            assert m is not None
-            text = " ".join(s.strip() for s in [m.group(2), *work[a + 1 : b]] if s.strip())
-            quoted = f"{m.group(1)}: {json.dumps(text, ensure_ascii=False)}"
-            work[a:b] = [quoted] + [""] * (b - a - 1)  # blank lines keep the numbering
-            warnings.append(
-                f"line {first_line + a}: the value of {m.group(1)!r} is not valid YAML "
-                f"({problem}); read as plain text (quote it to silence this warning)"
-            )
-
-
-def _parse(text: str, path: str) -> _Parsed:
-    fm, first_line, body = _split_frontmatter(text, path)
-    data, warnings = _load_yaml(fm, first_line, path)
-    if data is None:
-        raise DefinitionError(path, first_line - 1, "empty frontmatter; add name and description")
-    if not isinstance(data, dict):
-        bad = f"the frontmatter must be 'key: value' lines, not a {type(data).__name__}"
-        raise DefinitionError(path, first_line, bad)
-    lines: dict[str, int] = {}
-    for i, raw in enumerate(fm):
-        if m := _KEY_LINE.match(raw):
-            lines.setdefault(m.group(1), first_line + i)
-    return _Parsed(path, {str(k): v for k, v in data.items()}, lines, body.strip(), warnings)
-
-
 def map_tool_names(entries: Iterable[str], *, deny: bool = False) -> tuple[list[str], list[str]]:
     """Claude Code / orch tool names -> (our names, deduplicated in order; warnings).
     With ``deny`` (disallowedTools) a permission pattern denies the whole tool."""
@@ -277,9 +141,23 @@ def map_tool_names(entries: Iterable[str], *, deny: bool = False) -> tuple[list[
     return out, warnings
 
 
+def _agent_list(raw: list[str]) -> tuple[list[str], list[str] | None]:
+    """``Task(a, b)`` / ``Agent(a, b)`` in ``tools``: the task tool, limited to those agents."""
+    out: list[str] = []
+    agents: list[str] | None = None
+    for entry in raw:
+        m = _PATTERN_RE.match(entry)
+        if m and CLAUDE_TOOL_MAP.get(m.group(1).strip().lower()) == "task":
+            names = [n.strip() for n in m.group(2).split(",") if n.strip()]
+            agents = [*(agents or []), *names]
+            entry = m.group(1).strip()
+        out.append(entry)
+    return out, agents
+
+
 def parse_agent(text: str, path: Path | str, source: str | None = None) -> AgentDefinition:
     """Parse one agent file's text; raises :class:`DefinitionError`."""
-    p = _parse(text, str(path))
+    p = parse_frontmatter(text, str(path))
     for key in list(p.data):
         canon = _CAMEL.get(key.replace("-", "").replace("_", "").lower())
         if canon is not None and canon not in p.data:
@@ -295,7 +173,10 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
         warnings.append(f"file name {file.name!r} differs from name {name!r}; using {name!r}")
 
     tools: list[str] | None = None
+    agents: list[str] | None = None
     raw_tools = p.str_list("tools", "'tools: Read, Grep, Glob'")
+    if raw_tools is not None:
+        raw_tools, agents = _agent_list(raw_tools)
     if raw_tools is not None and "*" not in raw_tools:
         tools, more = map_tool_names(raw_tools)
         warnings += more
@@ -329,6 +210,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
         max_turns=max_turns,
         skills=p.str_list("skills", "'skills: git-hygiene, code-review-checklist'") or [],
         isolation=isolation,
+        agents=agents,
         background=bool(background),
         color=p.opt_str("color", "'color: blue'"),
         system_prompt=p.body,
@@ -339,7 +221,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
 
 def parse_skill(text: str, path: Path | str, source: str | None = None) -> SkillDefinition:
     """Parse one SKILL.md's text (name defaults to its folder); raises DefinitionError."""
-    p = _parse(text, str(path))
+    p = parse_frontmatter(text, str(path))
     p.unsupported(SKILL_FIELDS)
     warnings = p.warnings
     folder = Path(path).parent.name

@@ -34,6 +34,7 @@ from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, RunHandle
 from .errors import OrchError
+from .guidance import resolve_agent
 from .models import ModelProvider
 from .paths import project_root
 from .policy import Policy, child_tools, run_hooks, scrubbed_env
@@ -163,7 +164,7 @@ class Runner:
 
     # -- admission: resolve a spec into a stored record ----------------------------------
     def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
-        definition = driver.definition if driver else self.catalog.agent(spec.agent or "general")
+        definition = driver.definition if driver else resolve_agent(self.catalog, spec.agent)
         parent = None
         if spec.parent_run_id is not None:  # a live parent of this process: no store read
             live = self._live.get(spec.parent_run_id)
@@ -184,6 +185,13 @@ class Runner:
                     f"max_depth is {parent.max_depth}; do the work yourself"
                 )
             chain_id, depth, max_depth = parent.chain_id, parent.depth + 1, parent.max_depth
+            caller = self.catalog.agents.get(parent.agent)
+            if caller is not None and caller.agents is not None and driver is None:
+                if definition.name not in caller.agents:
+                    raise OrchError(
+                        f"agent {parent.agent!r} may start only {', '.join(caller.agents)}; "
+                        f"not {definition.name!r}"
+                    )
             allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
             model = self.models.resolve(spec.model or definition.model or parent.model or None)
         tier = choose_tier(

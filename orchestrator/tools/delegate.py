@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from ..guidance import TASK_GUIDANCE, TASK_OUTPUT_GUIDANCE, TASK_STOP_GUIDANCE
 from ..workspaces.registry import TIER_NAMES
 from .base import Tool, ToolContext, ToolInput, ToolOutput
 
@@ -31,7 +32,9 @@ class TaskInput(ToolInput):
             "and the form of the answer you want back."
         ),
     )
-    subagent_type: str | None = Field(default=None, description="Agent definition to use.")
+    subagent_type: str | None = Field(
+        default=None, description="The agent to start, from the list above (default: general)."
+    )
     model: str | None = Field(default=None, description="Model alias or id (default: inherit).")
     isolation: str | None = Field(
         default=None,
@@ -55,13 +58,7 @@ class TaskInput(ToolInput):
 
 class TaskTool(_Unbounded):
     name = "task"
-    description = (
-        "Delegate a self-contained task to a child agent with a fresh context. The child "
-        "sees ONLY the prompt you write (none of this conversation), works with its own "
-        "tools, and returns its final text as this tool's result, with a status line. "
-        "Several task calls in one response run in parallel. A child that runs long is "
-        "moved to the background: you then get a task_id and a notification when it ends."
-    )
+    description = TASK_GUIDANCE  # the agent loop adds the caller's agent catalog
     input_model = TaskInput
 
     async def run(self, ctx: ToolContext, args: TaskInput) -> ToolOutput:
@@ -76,11 +73,7 @@ class TaskOutputInput(ToolInput):
 
 class TaskOutputTool(_Unbounded):
     name = "task_output"
-    description = (
-        "Get a background task's result. With block (default) waits for it to finish and "
-        "returns its result; without, returns its progress record (status, tool uses, last "
-        "activity, running summary)."
-    )
+    description = TASK_OUTPUT_GUIDANCE
     input_model = TaskOutputInput
 
     async def run(self, ctx: ToolContext, args: TaskOutputInput) -> ToolOutput:
@@ -93,7 +86,7 @@ class TaskStopInput(ToolInput):
 
 class TaskStopTool(_Unbounded):
     name = "task_stop"
-    description = "Cancel a background task and every task it started."
+    description = TASK_STOP_GUIDANCE
     input_model = TaskStopInput
 
     async def run(self, ctx: ToolContext, args: TaskStopInput) -> ToolOutput:
