@@ -226,3 +226,40 @@ def test_foreground_and_background_runs_of_one_command_are_the_same(project: Pat
         assert a[key] == b[key], key
     assert b["summary"] == "LISTED src/app.py"
     assert a["usage"]["tool_uses"] == b["usage"]["tool_uses"] == 1
+
+
+def test_run_setting_flags_override_orch_toml(project: Path) -> None:
+    (project / "orch.toml").write_text("auto_background_after = 600\nmax_parallel_children = 7\n")
+    script = write_script(
+        project,
+        {
+            "conversations": [
+                {
+                    "depth": 0,
+                    "turns": [
+                        {"tool_calls": [task_call("slow one")]},
+                        {"expect_result": '"backgrounded": true', "text": "moved on"},
+                        {"text": "collected"},
+                    ],
+                },
+                {"depth": 1, "latency_s": 1.5, "turns": [{"text": "slow done"}]},
+            ]
+        },
+    )
+    for background in (False, True):
+        args = ["task", "go", "--json", "--model", f"scripted:{script}"]
+        args += ["--auto-background-after", "0.3", "--max-parallel", "1"]
+        r = orch(*args, *(["--background"] if background else []), cwd=project)
+        assert r.returncode == 0, r.stderr
+        run_id = json.loads(r.stdout)["run_id"]
+        if background:
+            done = orch("result", run_id, "--wait", "--json", cwd=project)
+            assert done.returncode == 0, done.stdout + done.stderr
+        from orchestrator.store import open_store
+
+        store = open_store(project)
+        (child,) = [c for c in store.list_runs() if c.parent_run_id == run_id]
+        kinds = [e["kind"] for e in store.events(child.run_id)]
+        assert "auto_backgrounded" in kinds, kinds
+        auto = [e for e in store.events(child.run_id) if e["kind"] == "auto_backgrounded"]
+        assert auto[0]["data"]["after_s"] == 0.3

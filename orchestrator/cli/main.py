@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -66,6 +66,9 @@ def _register_subapps() -> None:
     )
 
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
+    from .trust import register as register_trust
+
+    register_trust(app)
 
 
 def root_spec(
@@ -150,6 +153,21 @@ def task(
         str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
     ] = None,
     max_depth: Annotated[int | None, typer.Option(help="Delegation depth limit.")] = None,
+    auto_background_after: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="Seconds before a foreground child moves to the background (0: never)."
+        ),
+    ] = None,
+    stall_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="Seconds without progress before a background run ends (0: never)."
+        ),
+    ] = None,
+    max_parallel: Annotated[
+        int | None, typer.Option(min=1, help="Children of one parent running at once.")
+    ] = None,
     max_turns: Annotated[
         int | None, typer.Option(min=1, help="Turns before the run fails.")
     ] = None,
@@ -171,7 +189,14 @@ def task(
     from ..workspaces.registry import tier_config
 
     config = tier_config(isolation) if isolation is not None else None
-    project = open_project(workdir, max_depth=max_depth, model=model)
+    overrides: dict[str, Any] = {
+        "max_depth": max_depth,
+        "model": model,
+        "auto_background_after": auto_background_after,
+        "stall_timeout": stall_timeout,
+        "max_parallel_children": max_parallel,
+    }  # flags override orch.toml, and travel with a detached run to its worker
+    project = open_project(workdir, **overrides)
     if config is not None and config.needs_git and not is_git_repo(project.root):
         raise UsageError(
             f"--isolation {isolation} needs a git repository: run inside one "
@@ -192,7 +217,7 @@ def task(
     )  # fmt: skip
     runner = make_runner(
         project, provider, agents_dir or [], model_spec=model,
-        overrides={"max_depth": max_depth, "model": model},
+        overrides=overrides,
     )  # fmt: skip
     record = run_tree(runner, spec)
     if background:
