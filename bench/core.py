@@ -59,7 +59,7 @@ class BenchModel:
 
 async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, BenchModel]:
     model = BenchModel(fan, latency)
-    settings = Settings(max_parallel_children=cap)
+    settings = Settings(max_parallel_children=cap, max_chain_running=cap)
     provider = ModelProvider(settings, model=model)
     runner = Runner(
         settings=settings,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +67,8 @@ class Engine(Protocol):
     def outcome(self, handle: RunHandle) -> RunRecord: ...
 
     async def cancel(self, run_ids: list[str]) -> None: ...
+
+    def waiting(self, run_id: str) -> AbstractAsyncContextManager[None]: ...
 
 
 def format_child_result(record: RunRecord, limit: int) -> ToolOutput:
@@ -159,7 +162,8 @@ class ChildSpawner:
             return running_json(record)
         wait = engine.settings.auto_background_after or None
         try:
-            done, _ = await asyncio.wait({job}, timeout=wait)
+            async with engine.waiting(self.record.run_id):
+                done, _ = await asyncio.wait({job}, timeout=wait)
         except asyncio.CancelledError:
             await engine.cancel([rid])
             raise
@@ -200,7 +204,8 @@ class ChildSpawner:
             return ToolOutput(f"no task {task_id!r} was started by this agent", is_error=True)
         job = self.engine.jobs.get(task_id)
         if job is not None and not job.done() and block:
-            await asyncio.wait({job}, timeout=timeout_s)
+            async with self.engine.waiting(self.record.run_id):
+                await asyncio.wait({job}, timeout=timeout_s)
         rec = store.require_run(task_id)
         if not rec.status.ended:
             progress = {
@@ -246,7 +251,8 @@ class ChildSpawner:
         if pending:
             ctx.inflight += 1  # waiting for its children is not a stall
             try:
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                async with self.engine.waiting(ctx.run_id):
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 ctx.inflight -= 1
             await asyncio.sleep(0)  # let the done-callbacks post their notifications

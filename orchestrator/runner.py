@@ -28,17 +28,18 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from .admission import Admission
 from .agent import AgentRun, LoopOutcome, RunContext
 from .background import Supervisor, me, spawn_worker
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, RunHandle
 from .errors import OrchError
-from .guidance import resolve_agent
+from .gate import ChainGate
 from .models import ModelProvider
 from .paths import project_root
-from .policy import Policy, child_tools, run_hooks, scrubbed_env
-from .run import RunRecord, RunStatus, new_chain_id, new_run_id, now
+from .policy import Policy, run_hooks, scrubbed_env
+from .run import RunRecord, RunStatus, now
 from .spec import RunSpec
 from .store import RunStore
 from .tools import builtin_tools
@@ -46,7 +47,6 @@ from .tools.base import Tool, ToolContext, ToolRegistry
 from .tools.delegate import delegation_tools
 from .workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
 from .workspaces.base import process_start
-from .workspaces.registry import choose_tier
 
 Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
 
@@ -92,6 +92,8 @@ class Runner:
         # Runs admitted by this process and not yet ended: their record as created (its
         # chain position and limits never change) and their resolved spec.
         self._live: dict[str, tuple[RunRecord, RunSpec]] = {}
+        self._gates: dict[str, ChainGate] = {}  # chain id -> its max_chain_running gate
+        self.rules = Admission(settings, store, catalog, models, self.tools)
 
     # -- starting runs ------------------------------------------------------------------
     async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
@@ -132,7 +134,8 @@ class Runner:
         if job is None:
             return self.store.require_run(handle.record.run_id)
         try:
-            await asyncio.wait({job})
+            async with self.waiting(handle.record.parent_run_id or ""):
+                await asyncio.wait({job})
         except asyncio.CancelledError:
             await self.cancel([handle.record.run_id])
             raise
@@ -164,64 +167,12 @@ class Runner:
 
     # -- admission: resolve a spec into a stored record ----------------------------------
     def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
-        definition = driver.definition if driver else resolve_agent(self.catalog, spec.agent)
         parent = None
         if spec.parent_run_id is not None:  # a live parent of this process: no store read
             live = self._live.get(spec.parent_run_id)
             parent = live[0] if live else self.store.require_run(spec.parent_run_id)
-        requested = definition.allowed_tools(self.tools.names())
-        if parent is None:
-            spec = spec.model_copy(update={"workdir": spec.workdir.resolve()})
-            chain_id, depth = new_chain_id(), 0
-            max_depth = self.settings.max_depth
-            if spec.limits.max_depth is not None:
-                max_depth = spec.limits.max_depth
-            allowed = requested
-            model = self.models.resolve(spec.model or definition.model)
-        else:
-            if parent.depth >= parent.max_depth:
-                raise OrchError(
-                    f"depth limit reached: run {parent.run_id} is at depth {parent.depth} and "
-                    f"max_depth is {parent.max_depth}; do the work yourself"
-                )
-            chain_id, depth, max_depth = parent.chain_id, parent.depth + 1, parent.max_depth
-            caller = self.catalog.agents.get(parent.agent)
-            if caller is not None and caller.agents is not None and driver is None:
-                if definition.name not in caller.agents:
-                    raise OrchError(
-                        f"agent {parent.agent!r} may start only {', '.join(caller.agents)}; "
-                        f"not {definition.name!r}"
-                    )
-            allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
-            model = self.models.resolve(spec.model or definition.model or parent.model or None)
-        tier = choose_tier(
-            spec.workspace, definition.isolation, parent.isolation if parent else None
-        )
-        resolved = spec.model_copy(update={"workspace": tier, "agent": definition.name})
-        pid, pid_start = me()
-        record = RunRecord(
-            run_id=new_run_id(),
-            chain_id=chain_id,
-            parent_run_id=parent.run_id if parent else None,
-            depth=depth,
-            max_depth=max_depth,
-            agent=definition.name,
-            description=spec.description or (spec.prompt[:80] if parent is None else ""),
-            isolation=tier.type,
-            background=spec.background or (definition.background and parent is not None),
-            model=model,
-            prompt=spec.prompt,
-            allowed_tools=allowed,
-            pid=pid,
-            pid_start=pid_start,
-            options={
-                "spec": resolved.model_dump(mode="json"),
-                "max_turns": spec.limits.max_turns
-                or definition.max_turns
-                or self.settings.max_turns,
-                "timeout_seconds": spec.limits.timeout_seconds or self.settings.timeout_seconds,
-                "launch": self.launch if spec.background and parent is None else {},
-            },
+        record, resolved = self.rules.admit(
+            spec, driver.definition if driver else None, parent, launch=self.launch
         )
         self.store.create_run(record)
         self._live[record.run_id] = (record, resolved)
@@ -234,7 +185,7 @@ class Runner:
                 {
                     "parent_run_id": parent.run_id,
                     "child_run_id": record.run_id,
-                    "agent": definition.name,
+                    "agent": record.agent,
                     "isolation": record.isolation,
                     "description": record.description,
                     "background": record.background,
@@ -248,6 +199,25 @@ class Runner:
         if self._env is None:
             self._env = scrubbed_env(self.settings)
         return dict(self._env)
+
+    def gate(self, record: RunRecord) -> ChainGate:
+        """The in-process gate of the record's chain (max_chain_running)."""
+        gate = self._gates.get(record.chain_id)
+        if gate is None:
+            running = int((record.options.get("budgets") or {}).get("running", 0))
+            gate = ChainGate(running or self.settings.max_chain_running)
+            self._gates[record.chain_id] = gate
+        return gate
+
+    @contextlib.asynccontextmanager
+    async def waiting(self, run_id: str) -> AsyncIterator[None]:
+        """While a run waits for its children, its place in the chain's gate is theirs."""
+        live = self._live.get(run_id)
+        if live is None:
+            yield
+            return
+        async with self.gate(live[0]).waiting(run_id):
+            yield
 
     def state_dir(self, workdir: Path) -> Path:
         """Where the store lives (hidden from sandboxed commands); found once per runner."""
@@ -263,10 +233,12 @@ class Runner:
                 record.parent_run_id, asyncio.Semaphore(self.settings.max_parallel_children)
             )
         acquired = False
+        gate = self.gate(record)
         try:
             if slot is not None:
                 await slot.acquire()
                 acquired = True
+            await gate.enter(record.run_id)  # queued until the chain has a place for it
             return await self._run(record, driver)
         except asyncio.CancelledError:
             ended = self.store.end_if_active(
@@ -279,8 +251,11 @@ class Runner:
                 self.store.add_event(record.run_id, "run_finished", {"status": "cancelled"})
             raise
         finally:
+            gate.leave(record.run_id)
             if acquired and slot is not None:
                 slot.release()
+            if record.depth == 0 and gate.working == 0:
+                self._gates.pop(record.chain_id, None)
             self._slots.pop(record.run_id, None)
             self._drivers.pop(record.run_id, None)
             self._live.pop(record.run_id, None)

@@ -26,6 +26,16 @@ class Limits(BaseModel):
     max_depth: int | None = Field(default=None, ge=0)  # a root's; children keep their chain's
 
 
+class Budgets(BaseModel):
+    """A chain's budgets, set by its root and kept by every run of it (nested, resumed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    running: int = Field(ge=1)  # runs working at once (max_chain_running)
+    runs: int = Field(ge=1)  # runs in total (max_chain_runs)
+    tokens: int | None = Field(default=None, ge=1)  # tokens in total (max_chain_tokens)
+
+
 class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -6,14 +6,21 @@ ending per run, the narrow tool context and the RunSpec contract.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from orchestrator.config import Settings
+from orchestrator.definitions import load_catalog
+from orchestrator.models import ModelProvider
 from orchestrator.run import RunStatus
+from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec
+from orchestrator.store import open_store
 from orchestrator.workspaces.base import ProcessResult
 from orchestrator.workspaces.registry import TIER_NAMES, parse_config, rank
 from orchestrator.workspaces.worktree import WorktreeConfig
@@ -263,3 +270,92 @@ def test_run_setting_flags_override_orch_toml(project: Path) -> None:
         assert "auto_backgrounded" in kinds, kinds
         auto = [e for e in store.events(child.run_id) if e["kind"] == "auto_backgrounded"]
         assert auto[0]["data"]["after_s"] == 0.3
+
+
+class _Fan:
+    """Depth 0 and 1 fan out ``width`` task calls; depth 2 answers after a short wait.
+    Counts model calls in flight: only runs that hold a place in the chain call the model."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.inflight = 0
+        self.peak = 0
+
+    async def complete(self, request: Any) -> Any:
+        from orchestrator.models.base import ModelResponse
+
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+        try:
+            await asyncio.sleep(0.01)
+            if request.depth < 2 and len(request.messages) == 1:
+                calls = [
+                    {"type": "tool_use", "id": f"t{i}", "name": "task",
+                     "input": {"description": f"c{i}", "prompt": f"part {i}"}}
+                    for i in range(self.width)
+                ]  # fmt: skip
+                return ModelResponse(content=calls, stop_reason="tool_use")
+            return ModelResponse(content=[{"type": "text", "text": f"done at {request.depth}"}])
+        finally:
+            self.inflight -= 1
+
+
+def _fan_runner(tmp_path: Path, width: int, **settings: Any) -> tuple[Runner, _Fan]:
+    model = _Fan(width)
+    cfg = Settings(max_depth=2, **settings)
+    runner = Runner(
+        settings=cfg,
+        store=open_store(tmp_path),
+        catalog=load_catalog(tmp_path),
+        models=ModelProvider(cfg, model=model),
+        provision=provisioner(FakeRuntime()),
+    )
+    return runner, model
+
+
+def test_a_deep_fan_out_never_has_more_runs_working_than_the_chain_allows(
+    tmp_path: Path,
+) -> None:
+    runner, model = _fan_runner(tmp_path, 25, max_chain_running=20, max_chain_runs=1000)
+    root = asyncio.run(runner.run(RunSpec(prompt="fan out", workdir=tmp_path)))
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    runs = runner.store.list_runs(chain_id=root.chain_id)
+    assert len(runs) == 1 + 25 + 25 * 25
+    assert {r.status for r in runs} == {RunStatus.SUCCEEDED}
+    assert model.peak <= 20
+    assert model.peak >= 15  # the budget is used, not just respected
+    assert all(r.options["budgets"]["running"] == 20 for r in runs)
+
+
+def test_chain_budgets_refuse_with_the_budgets_name(tmp_path: Path) -> None:
+    runner, _ = _fan_runner(tmp_path, 5, max_chain_runs=8)
+    root = asyncio.run(runner.run(RunSpec(prompt="fan out", workdir=tmp_path)))
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    runs = runner.store.list_runs(chain_id=root.chain_id)
+    assert len(runs) == 8
+    refused = [
+        e
+        for r in runs
+        for e in runner.store.events(r.run_id)
+        if e["kind"] == "tool_result" and e["data"]["is_error"]
+    ]
+    assert refused and all("max_chain_runs (8) is used up" in e["data"]["preview"] for e in refused)
+
+
+def test_tree_shows_the_chains_use_of_its_budgets(project: Path) -> None:
+    script = write_script(
+        project,
+        {
+            "conversations": [
+                {"depth": 0, "turns": [{"tool_calls": [task_call("sub")]}, {"text": "ok"}]},
+                {"depth": 1, "turns": [{"text": "child"}]},
+            ]
+        },
+    )
+    (project / "orch.toml").write_text("max_chain_runs = 50\nmax_chain_tokens = 99999\n")
+    r = orch("task", "go", "--json", "--model", f"scripted:{script}", cwd=project)
+    assert r.returncode == 0, r.stderr
+    t = orch("tree", json.loads(r.stdout)["run_id"], cwd=project)
+    assert t.returncode == 0, t.stderr
+    assert "chain budgets: runs 2/50 · live 0 (working at once ≤ 20) · tokens " in t.stdout
+    assert "/99,999" in t.stdout

@@ -285,6 +285,7 @@ def test_the_protocol_is_exactly_what_the_engine_and_cli_use() -> None:
 
 def test_package_exports() -> None:
     assert sorted(orchestrator.store.__all__) == [
+        "ChainUsage",
         "RunStore",
         "SqliteStore",
         "open_store",

@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 from ..errors import UsageError
-from .base import RunStore, state_dir
+from .base import ChainUsage, RunStore, state_dir
 from .sqlite import SqliteStore
 
-__all__ = ["RunStore", "SqliteStore", "open_store", "state_dir"]
+__all__ = ["ChainUsage", "RunStore", "SqliteStore", "open_store", "state_dir"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 

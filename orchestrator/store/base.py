@@ -14,6 +14,8 @@ processes writing the same store at the same time; reads see committed data.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import os
 import stat
 from pathlib import Path
@@ -58,6 +60,13 @@ def state_dir(project_root: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ChainUsage:
+    runs: int  # every run of the chain, ended ones included
+    live: int  # queued or running
+    tokens: int  # input + output tokens of all its runs
+
+
 class RunStore(ResourceSink, Protocol):
     """Where runs, events, outputs and owned resources are kept (see the module doc)."""
 
@@ -95,6 +104,11 @@ class RunStore(ResourceSink, Protocol):
         limit: int | None = None,
     ) -> list[RunRecord]:
         """Runs matching all filters given (since: updated since, or still live), oldest first."""
+        ...
+
+    def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
+        """A chain's use of its budgets: runs in total, runs queued or running, and (when
+        asked: it reads every record of the chain) its tokens; else ``tokens`` is 0."""
         ...
 
     def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:

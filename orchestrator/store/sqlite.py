@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import make_private, state_dir
+from .base import ChainUsage, make_private, state_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -236,6 +236,24 @@ class SqliteStore:
                 f"no run {run_id!r} in {self.describe()}; `orch ps --all` lists the runs it holds"
             )
         return record
+
+    def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
+        used = (
+            "COALESCE(SUM(json_extract(data, '$.usage.input_tokens')"
+            " + json_extract(data, '$.usage.output_tokens')), 0)"
+            if tokens
+            else "0"
+        )
+        row = (
+            self._conn()
+            .execute(
+                "SELECT COUNT(*), COALESCE(SUM(status IN ('queued', 'running')), 0),"
+                f" {used} FROM runs WHERE chain_id = ?",
+                (chain_id,),
+            )
+            .fetchone()
+        )
+        return ChainUsage(runs=int(row[0]), live=int(row[1]), tokens=int(row[2]))
 
     def find_runs(self, prefix: str) -> list[RunRecord]:
         rows = self._conn().execute(

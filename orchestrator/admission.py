@@ -1,0 +1,134 @@
+"""Admission: how a RunSpec becomes a run record, and the rules it is held to.
+
+Everything a spec may ask for is checked here, once, before anything runs: the
+agent (Claude Code names mapped), the chain position (a child: same chain,
+depth + 1, refused at ``max_depth``), the caller's allow-list of agents, the
+tools (never more than the parent's), the model, the chain's budgets (runs and
+tokens in total; a child past them is refused naming the budget) and the tier
+(never weaker than the parent's). The Runner stores what comes out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .background import me
+from .config import Settings
+from .definitions import AgentDefinition, Catalog
+from .errors import OrchError
+from .guidance import resolve_agent
+from .models import ModelProvider
+from .policy import child_tools
+from .run import RunRecord, new_chain_id, new_run_id
+from .spec import Budgets, RunSpec
+from .store import RunStore
+from .tools.base import ToolRegistry
+from .workspaces.registry import choose_tier
+
+
+class Admission:
+    def __init__(
+        self,
+        settings: Settings,
+        store: RunStore,
+        catalog: Catalog,
+        models: ModelProvider,
+        tools: ToolRegistry,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.catalog = catalog
+        self.models = models
+        self.tools = tools
+
+    def admit(
+        self,
+        spec: RunSpec,
+        driving: AgentDefinition | None,
+        parent: RunRecord | None,
+        *,
+        launch: dict[str, Any],
+    ) -> tuple[RunRecord, RunSpec]:
+        """The record of a new run (not yet stored) and its resolved spec; refusals raise
+        OrchError with a message the caller (often a model) can act on."""
+        definition = driving or resolve_agent(self.catalog, spec.agent)
+        requested = definition.allowed_tools(self.tools.names())
+        if parent is None:
+            spec = spec.model_copy(update={"workdir": spec.workdir.resolve()})
+            chain_id, depth = new_chain_id(), 0
+            max_depth = self.settings.max_depth
+            if spec.limits.max_depth is not None:
+                max_depth = spec.limits.max_depth
+            allowed = requested
+            model = self.models.resolve(spec.model or definition.model)
+        else:
+            if parent.depth >= parent.max_depth:
+                raise OrchError(
+                    f"depth limit reached: run {parent.run_id} is at depth {parent.depth} and "
+                    f"max_depth is {parent.max_depth}; do the work yourself"
+                )
+            chain_id, depth, max_depth = parent.chain_id, parent.depth + 1, parent.max_depth
+            caller = self.catalog.agents.get(parent.agent)
+            if caller is not None and caller.agents is not None and driving is None:
+                if definition.name not in caller.agents:
+                    raise OrchError(
+                        f"agent {parent.agent!r} may start only {', '.join(caller.agents)}; "
+                        f"not {definition.name!r}"
+                    )
+            allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
+            model = self.models.resolve(spec.model or definition.model or parent.model or None)
+        budgets = self.budgets(parent, chain_id)
+        tier = choose_tier(
+            spec.workspace, definition.isolation, parent.isolation if parent else None
+        )
+        resolved = spec.model_copy(update={"workspace": tier, "agent": definition.name})
+        pid, pid_start = me()
+        record = RunRecord(
+            run_id=new_run_id(),
+            chain_id=chain_id,
+            parent_run_id=parent.run_id if parent else None,
+            depth=depth,
+            max_depth=max_depth,
+            agent=definition.name,
+            description=spec.description or (spec.prompt[:80] if parent is None else ""),
+            isolation=tier.type,
+            background=spec.background or (definition.background and parent is not None),
+            model=model,
+            prompt=spec.prompt,
+            allowed_tools=allowed,
+            pid=pid,
+            pid_start=pid_start,
+            options={
+                "spec": resolved.model_dump(mode="json"),
+                "max_turns": spec.limits.max_turns
+                or definition.max_turns
+                or self.settings.max_turns,
+                "timeout_seconds": spec.limits.timeout_seconds or self.settings.timeout_seconds,
+                "launch": launch if spec.background and parent is None else {},
+                "budgets": budgets.model_dump(),
+            },
+        )
+        return record, resolved
+
+    def budgets(self, parent: RunRecord | None, chain_id: str) -> Budgets:
+        """The chain's budgets (set by its root, kept by every run of it); a new child
+        past the total runs or tokens is refused, naming the budget."""
+        s = self.settings
+        mine = Budgets(
+            running=s.max_chain_running, runs=s.max_chain_runs, tokens=s.max_chain_tokens
+        )
+        if parent is None:
+            return mine
+        budgets = Budgets.model_validate(parent.options.get("budgets") or mine.model_dump())
+        used = self.store.chain_usage(chain_id, tokens=budgets.tokens is not None)
+        if used.runs >= budgets.runs:
+            raise OrchError(
+                f"chain budget max_chain_runs ({budgets.runs}) is used up: this chain has "
+                f"{used.runs} runs; finish with what you have"
+            )
+        if budgets.tokens is not None and used.tokens >= budgets.tokens:
+            raise OrchError(
+                f"chain budget max_chain_tokens ({budgets.tokens:,}) is used up: this chain "
+                f"has used {used.tokens:,} tokens; finish with what you have"
+            )
+        return budgets
