@@ -14,10 +14,9 @@ processes writing the same store at the same time; reads see committed data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
