@@ -359,3 +359,8 @@ def test_tree_shows_the_chains_use_of_its_budgets(project: Path) -> None:
     assert t.returncode == 0, t.stderr
     assert "chain budgets: runs 2/50 · live 0 (working at once ≤ 20) · tokens " in t.stdout
     assert "/99,999" in t.stdout
+    rows = json.loads(orch("ps", "--json", cwd=project).stdout)
+    (root,) = [x for x in rows if x["depth"] == 0]
+    assert root["chain"]["runs"] == 2 and root["chain"]["live"] == 0
+    assert root["chain"]["budgets"] == {"running": 20, "runs": 50, "tokens": 99999}
+    assert "chain" not in [x for x in rows if x["depth"] == 1][0]

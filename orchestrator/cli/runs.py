@@ -50,7 +50,40 @@ def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
         "last_activity": raw.get("last_activity"),
         "recent_activities": raw.get("recent_activities") or [],
         "summary": (raw.get("summary") or "")[:500],
+        "budgets": (raw.get("options") or {}).get("budgets") if raw.get("depth") == 0 else None,
     }
+
+
+def with_chain_use(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each root row gains ``chain``: its chain's runs, live runs and tokens (of the rows
+    listed) next to the chain's budgets."""
+    use: dict[str, dict[str, int]] = {}
+    for r in rows:
+        u = use.setdefault(str(r.get("chain_id")), {"runs": 0, "live": 0, "tokens": 0})
+        u["runs"] += 1
+        u["live"] += 0 if RunStatus(r["status"]).ended else 1
+        u["tokens"] += r["input_tokens"] + r["output_tokens"]
+    for r in rows:
+        budgets = r.pop("budgets", None)
+        if r.get("depth") == 0:
+            r["chain"] = {**use[str(r.get("chain_id"))], "budgets": budgets}
+    return rows
+
+
+def chain_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per chain with live runs: its use of its budgets."""
+    lines = []
+    for r in rows:
+        chain, budgets = r.get("chain"), (r.get("chain") or {}).get("budgets")
+        if not chain or not budgets or not chain["live"]:
+            continue
+        cap = budgets.get("tokens")
+        lines.append(
+            f"chain {r.get('chain_id')}: runs {chain['runs']}/{budgets['runs']} · live "
+            f"{chain['live']} (working at once ≤ {budgets['running']}) · tokens "
+            f"{chain['tokens']:,}" + (f"/{cap:,}" if cap else "")
+        )
+    return lines
 
 
 def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -105,7 +138,7 @@ def ps(
     """Runs as a table: running ones and those that ended in the last hour."""
     project = open_project(workdir)
     raw = project.store.list_raw(since=None if show_all else now() - RECENT_S)
-    rows = tree_order([ps_row(r) for r in raw])
+    rows = with_chain_use(tree_order([ps_row(r) for r in raw]))
     if as_json:
         print_json(rows)
         return
@@ -113,6 +146,8 @@ def ps(
         out.print("no runs" + ("" if show_all else " in the last hour (try --all)"))
         return
     out.print(ps_table(rows))
+    for line in chain_lines(rows):
+        out.print(safe_text(line))
 
 
 def watch(
@@ -130,7 +165,7 @@ def watch(
             raw = [r for r in store.list_raw() if r["chain_id"] == root.chain_id]
         else:
             raw = store.list_raw(since=now() - 5)
-        return tree_order([ps_row(r) for r in raw])
+        return with_chain_use(tree_order([ps_row(r) for r in raw]))
 
     def busy(rows: list[dict[str, Any]]) -> bool:
         return any(not RunStatus(r["status"]).ended for r in rows)
