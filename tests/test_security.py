@@ -102,6 +102,10 @@ def test_security_catalog_names_real_tests() -> None:
     for path, name in refs:
         source = (ROOT / path).read_text()
         assert f"def {name}(" in source, f"{path}::{name} is named in SECURITY.md but missing"
+    files = re.findall(r"`(tests/test_\w+\.py)`", text)  # whole files named as evidence
+    assert all((ROOT / f).is_file() for f in files), files
+    bare = re.findall(r"(?<![/\w])test_\w+\.py::", text)  # every reference is checkable
+    assert bare == [], f"write test references as tests/<file>::<name>: {bare}"
 
 
 def test_symlink_loops_break_no_file_tool(project: Path) -> None:
