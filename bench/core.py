@@ -192,7 +192,43 @@ def run(samples: int = 60) -> list[dict[str, Any]]:
                 }
             )
         rows.append(context_economy(root))
+        sandboxed = bash_overhead(root)
+        if sandboxed is not None:
+            rows.append(sandboxed)
     return rows
+
+
+def bash_overhead(root: Path, samples: int = 30) -> dict[str, Any] | None:
+    """A host-tier bash call under bubblewrap vs plain ``bash -c true`` (None: no bwrap)."""
+    from orchestrator.osbox import OsSandbox, available
+    from orchestrator.workspaces.base import NullSink, run_process
+
+    if available() is not None:
+        return None
+    box = OsSandbox(
+        workspace=root, read_only_within=(root / ".git",), env={"PATH": "/usr/bin:/bin"}
+    )
+    argv = ["bash", "-c", "true"]
+
+    async def once(wrapped: bool) -> float:
+        cmd = box.wrap(argv, root) if wrapped else argv
+        t0 = time.perf_counter()
+        result = await run_process(cmd, cwd=root, env=dict(box.env), timeout_s=30,
+                                   sink=NullSink(), run_id="bench")  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return time.perf_counter() - t0
+
+    plain = [asyncio.run(once(False)) for _ in range(samples)]
+    boxed = [asyncio.run(once(True)) for _ in range(samples)]
+    p_med, b_med = statistics.median(plain) * 1000, statistics.median(boxed) * 1000
+    return {
+        "measure": "host-tier bash call under bubblewrap vs plain bash -c true (added ms)",
+        "orch_ms": b_med,
+        "raw_ms": p_med,
+        "ratio": b_med / p_med if p_med else None,
+        "goal": "≤ +15 ms",
+        "met": b_med - p_med <= 15.0,
+    }
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
