@@ -3,7 +3,10 @@
 A run ends when a response has no tool use (its text is the final answer) or
 ``max_turns`` is reached. Tool calls of one response run concurrently; their
 results go back in call order. Every call goes through the policy and the
-PreToolUse / PostToolUse hooks first; a refused call runs nothing.
+PreToolUse / PostToolUse hooks first; a refused call runs nothing. A malformed
+call (no name, a name or an input of the wrong type, a missing or repeated id) is
+answered with a tool error, never an exception, and the stored conversation stays
+one the Messages API accepts (see ``calls.CallLedger.turn``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from .calls import (
+    MAX_PROBLEMS,
+    MISSING,
+    NAME_SHOWN,
+    CallLedger,
+    ToolCall,
+    capped,
+    json_kind,
+    shown_name,
+    summarize_input,
+)
 from .config import Settings
+from .guidance import task_description
 from .models.base import Block, Message, Model, ModelRequest
 from .policy import Policy, run_hooks
 from .run import Evidence, RunRecord, RunStatus, Usage
@@ -91,13 +106,6 @@ def cut(text: str, limit: int, where: str = "") -> str:
     return text[:limit] + f"\n[output cut at {limit:,} of {len(text):,} characters{more}]"
 
 
-def summarize_input(tool: str, args: dict[str, Any]) -> str:
-    for key in ("command", "path", "pattern", "description", "name", "task_id"):
-        if isinstance(args.get(key), str):
-            return f"{tool}: {args[key]}"[:200].replace("\n", " ")
-    return f"{tool}: {json.dumps(args)[:180]}"
-
-
 class AgentRun:
     def __init__(
         self,
@@ -115,6 +123,7 @@ class AgentRun:
         self.messages: list[Message] = []
         self.last_text = ""
         self.cut_parts: list[str] = []  # a final answer cut at max_tokens, in pieces
+        self.ledger = CallLedger()  # the tool_use ids of the conversation, each used once
 
     def system_prompt(self) -> str:
         ctx = self.ctx
@@ -144,8 +153,12 @@ class AgentRun:
         ctx = self.ctx
         # A fresh conversation: the prompt is the one and only first message.
         self.messages = [{"role": "user", "content": prompt}]
+        self.ledger = CallLedger()
         system = self.system_prompt()
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
+        for i, schema in enumerate(tools):  # the task tool names the agents this run may start
+            if schema["name"] == "task":
+                tools[i] = {**schema, "description": task_description(ctx.catalog, ctx.definition)}
         turns = 0
         while True:
             if turns >= self.max_turns:
@@ -171,11 +184,11 @@ class AgentRun:
             ctx.usage.turns = turns
             ctx.usage.input_tokens += response.usage.input_tokens
             ctx.usage.output_tokens += response.usage.output_tokens
-            self.messages.append({"role": "assistant", "content": response.content})
+            content, calls = self.ledger.turn(response.content)
+            self.messages.append({"role": "assistant", "content": content})
             if response.text:
                 self.last_text = response.text
             ctx.store.update_run(ctx.run_id, usage=ctx.usage, summary=self.last_text[:2000])
-            calls = response.tool_uses
             if not calls and response.stop_reason == "max_tokens":
                 # The answer was cut at the output limit: ask for the rest, keep the part.
                 self.cut_parts.append(response.raw_text)
@@ -209,28 +222,36 @@ class AgentRun:
         )
         last["content"] = blocks + self._take_notes()
 
-    async def _call(self, call: Block) -> Block:
+    async def _call(self, call: ToolCall) -> Block:
+        """Run one tool call; its result (or what was wrong with it) as a tool_result.
+
+        Events keep the call cut down: the name at NAME_SHOWN characters, the input by
+        ``capped`` (strings at EVENT_TEXT characters, with a note), the result as a
+        500-character preview; ``sent_id`` is the id as sent when it was replaced.
+        """
         ctx = self.ctx
-        name = call.get("name")
-        name = name if isinstance(name, str) else repr(name)
-        raw = call.get("input")
-        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        sent = call.sent
+        name = sent.get("name", MISSING)
+        raw = sent.get("input", MISSING)
+        shown = shown_name(name)
         ctx.usage.tool_uses += 1
-        ctx.store.add_event(
-            ctx.run_id, "tool_call", {"id": call.get("id"), "tool": name, "input": args}
-        )
+        event: dict[str, Any] = {
+            "id": call.id,
+            "tool": shown,
+            "input": None if raw is MISSING else capped(raw),
+        }
+        if sent.get("id") != call.id:
+            event["sent_id"] = capped(sent.get("id"), text=NAME_SHOWN, chars=NAME_SHOWN, nodes=10)
+        ctx.store.add_event(ctx.run_id, "tool_call", event)
         ctx.store.note_activity(
-            ctx.run_id, name, summarize_input(name, args), usage=ctx.usage.model_copy()
+            ctx.run_id,
+            shown,
+            summarize_input(shown, None if raw is MISSING else raw),
+            usage=ctx.usage.model_copy(),
         )
         ctx.inflight += 1
         try:
-            if isinstance(raw, dict):
-                output = await self._execute(name, args)
-            else:
-                kind = "null" if raw is None else type(raw).__name__
-                output = ToolOutput(
-                    f"invalid input for {name}: the input must be a JSON object, not {kind}", True
-                )
+            output = await self._execute(name, raw)
         finally:
             ctx.inflight -= 1
         self.on_progress()
@@ -239,28 +260,39 @@ class AgentRun:
             ctx.run_id,
             "tool_result",
             {
-                "id": call.get("id"),
-                "tool": name,
+                "id": call.id,
+                "tool": shown,
                 "is_error": output.is_error,
                 "chars": len(output.content),
                 "preview": output.content[:500],
             },
         )
-        block: Block = {
-            "type": "tool_result",
-            "tool_use_id": call.get("id"),
-            "content": output.content,
-        }
+        block: Block = {"type": "tool_result", "tool_use_id": call.id, "content": output.content}
         if output.is_error:
             block["is_error"] = True
         return block
 
-    async def _execute(self, name: str, args: dict[str, Any]) -> ToolOutput:
+    async def _execute(self, name: object, raw: object) -> ToolOutput:
+        """One call as sent (``name`` and ``raw`` input may be anything, or MISSING)."""
         ctx = self.ctx
-        tool = ctx.tools.get(name)
-        if tool is None:
+        tool = ctx.tools.get(name) if isinstance(name, str) else None
+        if tool is None or not isinstance(name, str):
+            if isinstance(name, str):
+                problem = f"unknown tool {shown_name(name)!r}"
+            elif name is MISSING:
+                problem = "invalid tool call: the tool_use block has no name"
+            else:
+                problem = f"invalid tool call: the tool name is {json_kind(name)}, not a string"
             offered = ", ".join(sorted(ctx.policy.offered_tools()))
-            return ToolOutput(f"unknown tool {name[:100]!r}; your tools: {offered}", True)
+            return ToolOutput(f"{problem}; your tools: {offered}", True)
+        if not isinstance(raw, dict):
+            if raw is MISSING:
+                why = "the tool_use block has no input; send a JSON object"
+            else:
+                got = json.dumps(capped(raw, text=60, chars=60, nodes=10))[:100]
+                why = f"the input must be a JSON object, not {json_kind(raw)} ({got})"
+            return ToolOutput(f"invalid input for {name}: {why}", True)
+        args: dict[str, Any] = raw
         # Command checks are CPU work on untrusted text: a long command is checked off the
         # event loop (for a short one the thread hop costs more than the check).
         command = args.get("command")
@@ -276,10 +308,13 @@ class AgentRun:
         try:
             parsed = tool.input_model.model_validate(args)
         except ValidationError as e:
+            errors = e.errors(include_url=False)
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'input'}: {err['msg']}"
-                for err in e.errors()
+                f"{'.'.join(shown_name(str(p)) for p in err['loc']) or 'input'}: {err['msg']}"
+                for err in errors[:MAX_PROBLEMS]
             )
+            if len(errors) > MAX_PROBLEMS:
+                problems += f"; and {len(errors) - MAX_PROBLEMS:,} more"
             return ToolOutput(f"invalid input for {name}: {problems}", is_error=True)
         payload = {"tool_name": name, "tool_input": args, **self._hook_base()}
         pre = await run_hooks(
