@@ -3,6 +3,8 @@
 Precedence, lowest first: the defaults below, ``~/.orch/config.toml``,
 ``<project>/orch.toml``, environment (``ORCH_MODEL``, ``ORCH_MAX_DEPTH``), then
 command-line flags. Unknown keys are an error, so a typo never goes unnoticed.
+The settings of ``orch.toml`` that run commands or weaken isolation apply only once
+the user trusts the repository (``orch trust``; see ``trust.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +26,7 @@ from pydantic import (
 )
 
 from .errors import UsageError
+from .trust import AgentFloor, Trust, TrustCap, gate
 
 
 def _valid_regex(pattern: str) -> str:
@@ -193,6 +197,11 @@ class Settings(BaseModel):
     max_turns: int = Field(default=30, ge=1)
     timeout_seconds: float | None = None  # per run; None: no limit
     max_parallel_children: int = Field(default=20, ge=1)
+    # Chain-wide budgets (the whole delegation tree): runs working at once (the rest wait
+    # queued; a run waiting for its children does not count), runs in total, and tokens.
+    max_chain_running: int = Field(default=20, ge=1)
+    max_chain_runs: int = Field(default=500, ge=1)
+    max_chain_tokens: int | None = Field(default=None, ge=1)
     bash_timeout_s: float = 120.0
     tool_timeout_s: float = 300.0  # any other tool call (bash: its own timeout + 15 s)
     tool_output_limit: int = 50_000
@@ -238,18 +247,56 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def load_settings(project_root: Path | None = None, **overrides: Any) -> Settings:
-    merged: dict[str, Any] = {}
-    sources: list[Path] = [Path.home() / ".orch" / "config.toml"]
-    if project_root is not None:
-        sources.append(project_root / "orch.toml")
-    for path in sources:
-        if path.is_file():
-            merged.update(_read_toml(path))
+    """The effective settings. A repository's own settings that run commands or weaken
+    isolation apply only once the user trusts it (``trust.py``);
+    :func:`load_settings_with_trust` also says which were left out. Commands use
+    ``agent_trust.load_trusted``, which adds the repository's agent files to the decision."""
+    return load_settings_with_trust(project_root, overrides)[0]
+
+
+def load_settings_with_trust(
+    project_root: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    cap: TrustCap | None = None,
+    agent_floors: Callable[[Path, dict[str, Any]], Sequence[AgentFloor]] | None = None,
+) -> tuple[Settings, Trust]:
+    """The settings and the trust decision for ``project_root`` (``cap``: see ``TrustCap``).
+
+    ``agent_floors`` (``agent_trust.agent_floors``: this module cannot read agent files) adds
+    the repository's weakening agent files to the decision; without it, a repository whose
+    agent files need trust counts as untrusted here (its hash differs): never more.
+    """
+
+    def read(path: Path) -> dict[str, Any]:
+        data = _read_toml(path) if path.is_file() else {}
+        if not isinstance(data, dict):
+            raise UsageError(f"{path}: [orch] is not a table; fix or remove the file")
+        return data
+
+    user = read(Path.home() / ".orch" / "config.toml")
+    repo = read(project_root / "orch.toml") if project_root is not None else {}
+    later: dict[str, Any] = {}
     if env_model := os.environ.get("ORCH_MODEL"):
-        merged["model"] = env_model
+        later["model"] = env_model
     if env_depth := os.environ.get("ORCH_MAX_DEPTH"):
-        merged["max_depth"] = env_depth
-    merged.update({k: v for k, v in overrides.items() if v is not None})
+        later["max_depth"] = env_depth
+    later.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    _validated({**user, **repo, **later})  # every setting is checked, trusted or not
+    floors = agent_floors(project_root.resolve(), repo) if agent_floors and project_root else ()
+    kept, trust = gate(project_root, user, repo, _view, cap=cap, floors=floors)
+    return _validated({**user, **kept, **later}), trust
+
+
+def _view(data: dict[str, Any]) -> Settings | None:
+    """Some settings as validated (the defaults for the rest); None if they are bad."""
+    try:
+        return Settings.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _validated(merged: dict[str, Any]) -> Settings:
     try:
         return Settings.model_validate(merged)
     except ValidationError as e:

@@ -12,8 +12,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import load_settings
+from orchestrator.config import load_settings, load_settings_with_trust
 from orchestrator.run import RunStatus
+from orchestrator.trust import record
 from tests.support import Harness, harness, task_call, tool_results
 
 HOOK = textwrap.dedent(
@@ -50,8 +51,10 @@ def events(tmp_path: Path, log: str) -> list[dict[str, Any]]:
 
 
 def with_config(project: Path, toml: str, script: dict[str, Any]) -> Harness:
-    """A harness whose hooks come from ``orch.toml`` in the project, as a user writes them."""
+    """A harness whose hooks come from ``orch.toml`` in the project, as a user writes them
+    (and trusts them: ``orch trust``, see test_trust.py)."""
     (project / "orch.toml").write_text(toml)
+    record(load_settings_with_trust(project)[1])
     return harness(project, script, hooks=load_settings(project).hooks)
 
 

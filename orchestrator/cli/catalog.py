@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from ..config import load_settings
+from ..agent_trust import guard, load_trusted
 from ..paths import project_root
-from .common import err, handles_errors, out, print_json
+from .common import announce_trust, err, handles_errors, out, print_json
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:
@@ -38,11 +38,12 @@ def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = N
     (relative ones are taken from the project root).
     """
     root = project_root(workdir)
-    settings = load_settings(root)
+    settings, trust = load_trusted(root)
+    announce_trust(trust)
     configured = [root / Path(d).expanduser() for d in settings.agents_dirs]
     from ..definitions import load_catalog
 
-    return load_catalog(root, agents_dirs=[*(agents_dirs or []), *configured])
+    return guard(trust, load_catalog(root, agents_dirs=[*(agents_dirs or []), *configured]))
 
 
 def _report_errors(catalog: Catalog) -> None:

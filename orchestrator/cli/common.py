@@ -8,7 +8,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,12 +17,14 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
+from ..agent_trust import load_trusted
 from ..background import reconcile
-from ..config import Settings, load_settings
+from ..config import Settings
 from ..errors import NotFound, OrchError, UsageError
 from ..paths import project_root
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, open_store
+from ..trust import Trust, TrustCap
 from .safe import safe_text, shown
 
 P = ParamSpec("P")
@@ -74,17 +76,32 @@ class Project:
     workdir: Path
     settings: Settings
     store: RunStore
+    trust: Trust = field(default_factory=Trust)  # what of the repository's settings applies
 
 
-def open_project(workdir: Path | None = None, **overrides: Any) -> Project:
+def announce_trust(trust: Trust) -> None:
+    """The one line on stderr naming the untrusted settings left out, if any."""
+    if line := trust.notice():
+        err.print(safe_text(line))
+
+
+def open_project(
+    workdir: Path | None = None,
+    *,
+    trust_cap: TrustCap | None = None,
+    quiet: bool = False,
+    **overrides: Any,
+) -> Project:
     wd = (workdir or Path.cwd()).expanduser()
     if not wd.is_dir():
         raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
     root = project_root(wd)
-    settings = load_settings(root, **overrides)
+    settings, trust = load_trusted(root, overrides, cap=trust_cap)
+    if not quiet:
+        announce_trust(trust)
     store = open_store(root)
     reconcile(store)  # every command first settles runs whose owner is gone
-    return Project(root=root, workdir=wd.resolve(), settings=settings, store=store)
+    return Project(root=root, workdir=wd.resolve(), settings=settings, store=store, trust=trust)
 
 
 def find_run(store: RunStore, ref: str) -> RunRecord:

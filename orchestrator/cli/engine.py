@@ -47,15 +47,18 @@ def make_runner(
 ) -> Runner:
     """The runner for a command; ``model_spec`` and ``overrides`` (the flags that made the
     settings) are kept with detached runs so their worker builds the same engine."""
+    from ..agent_trust import guard
     from ..definitions import load_catalog
     from ..runner import Runner
 
     not_dumpable()
     catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
+    catalog = guard(project.trust, catalog)  # untrusted agent files: isolation kept
     launch = {
         "model_spec": model_spec,
         "agents_dirs": [str(p.resolve()) for p in agents_dirs],
         "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
+        "trust": project.trust.honoured_digest,  # a worker never honours more than this
     }
     return Runner(
         settings=project.settings,
@@ -69,11 +72,14 @@ def make_runner(
 def worker_runner(project_dir: Path, run_id: str) -> tuple[Runner, Project]:
     """The runner a detached worker builds for a queued run, from what the run keeps."""
     from ..models import ModelProvider
+    from ..trust import TrustCap
     from .common import open_project
 
-    probe = open_project(project_dir)
+    probe = open_project(project_dir, quiet=True)
     launch: dict[str, Any] = probe.store.require_run(run_id).options.get("launch", {})
-    project = open_project(project_dir, **launch.get("overrides", {}))
+    # The same trust decision as the launcher's, never more: its honoured digest is the cap.
+    cap = TrustCap(launch.get("trust"))
+    project = open_project(project_dir, trust_cap=cap, **launch.get("overrides", {}))
     provider = ModelProvider(project.settings, launch.get("model_spec"))
     dirs = [Path(p) for p in launch.get("agents_dirs", [])]
     return make_runner(project, provider, dirs), project

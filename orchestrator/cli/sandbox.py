@@ -10,10 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-from ..config import load_settings
+from ..agent_trust import load_trusted
 from ..errors import OrchError
 from ..paths import project_root
-from .common import age, handles_errors, print_json
+from .common import age, announce_trust, handles_errors, print_json
 from .safe import shown
 
 sandbox_app = typer.Typer(
@@ -62,7 +62,9 @@ def build_cmd(
 def _effective(as_root: bool) -> dict[str, Any]:
     from ..workspaces.pool import sandbox_user
 
-    cfg = load_settings(project_root()).sandbox
+    settings, trust = load_trusted(project_root())
+    announce_trust(trust)
+    cfg = settings.sandbox
     data = cfg.model_dump()
     data["memswap_limit"] = cfg.memswap_limit or cfg.mem_limit
     uid, gid = sandbox_user(cfg)

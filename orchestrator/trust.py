@@ -1,0 +1,400 @@
+"""Workspace trust: a repository's own settings that run commands or weaken isolation apply
+only after the user trusts that repository, and only as they were when trusted.
+
+A repository brings settings in its ``orch.toml`` and agent files in ``.orch/agents/``,
+``.claude/agents/`` and the ``agents_dirs`` its ``orch.toml`` names. Most of them only steer
+work that runs inside the sandbox; the ones below do not, and are **gated**: each is
+trust-relevant when the repository's value is weaker than what would apply without the
+repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
+
+=========================  =================================================================
+``hooks``                  any hook (every event) differing from the user's: they run on the
+                           host, and the repository's table replaces the user's hooks
+``network``                ``"host"``
+``extra_env``              a variable the user's ``extra_env`` does not set to that value
+``bash_deny``              drops a rule (pattern or check) of the user's list or the default
+``extra_bash_deny``        drops a rule of the user's list
+``secret_env_patterns``    drops a pattern of the user's list or the default
+``extra_secret_env``       drops a name of the user's list
+``sandbox.os``             ``"off"``
+``sandbox.network_mode``   anything but ``"none"`` (or the user's own value)
+``sandbox.cap_drop``       drops a capability (``ALL`` by default)
+``sandbox.security_opt``   any change (``no-new-privileges`` by default)
+``sandbox.read_only``      ``false``
+``sandbox.user/uid/gid``   any change
+``sandbox.hidden``         drops a path of the user's list
+``sandbox.env_whitelist``  adds a variable name
+``agents.NAME.isolation``  an agent file of the repository that replaces one of the user's
+                           (``~/.orch/agents``) or a bundled agent of the same name with a
+                           weaker ``isolation`` (written, or left out: ``shared``); found
+                           by ``agent_trust.py``, which sits above ``definitions``
+=========================  =================================================================
+
+(A ``[sandbox]`` table in ``orch.toml`` replaces the user's whole table, so a key it leaves
+out counts as set to its default.) Until the user runs ``orch trust``, the gated settings are
+left out: a top-level key as if the repository had not set it, a ``sandbox`` key with the
+value it would have without the repository's file, an agent's isolation raised to that of the
+agent it replaces. Everything else of the repository's settings applies.
+
+Deliberately not gated: ``agents_dirs`` itself (what its agent files could weaken is checked
+above), ``sandbox.image`` and the resource limits (pids, memory, cpus, sizes), ``model``,
+turn/depth/time limits, ``worktree_include`` (files of the repository itself): they steer what
+runs inside the sandbox, or how much of it, never what runs outside.
+
+``orch trust`` records the repository (its resolved root) and the SHA-256 of the canonical
+JSON (sorted keys, no spaces, UTF-8) of exactly the gated settings (name → value as validated,
+hooks with every field) in ``~/.orch/trusted.json`` (mode 0600 in a 0700 directory, written
+atomically under a lock), any change to them changes the hash, untrusted again::
+
+    {"version": 1,
+     "trusted": {"/home/me/src/repo": {"sha256": "<64 hex>", "settings": ["hooks", "sandbox.os"],
+                                       "trusted_at": "2025-01-01T12:00:00Z"}}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from .errors import UsageError
+
+TRUST_FILE = "trusted.json"
+VERSION = 1
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# The top-level keys of orch.toml that hold gated settings (``sandbox`` for its gated keys).
+_GATED_KEYS = (
+    "hooks",
+    "network",
+    "extra_env",
+    "bash_deny",
+    "extra_bash_deny",
+    "secret_env_patterns",
+    "extra_secret_env",
+    "sandbox",
+)
+
+
+def trust_file() -> Path:
+    """The user's trust store: ``~/.orch/trusted.json``."""
+    return Path.home() / ".orch" / TRUST_FILE
+
+
+@dataclass(frozen=True)
+class TrustCap:
+    """The most another process may honour: the digest a run's launcher honoured, or None
+    (nothing). A detached worker gets its launcher's, so it never applies more."""
+
+    digest: str | None
+
+
+@dataclass(frozen=True)
+class AgentFloor:
+    """A repository's agent file whose isolation is weaker than the agent it replaces."""
+
+    name: str
+    path: Path
+    isolation: str | None  # as the repository's file says (None: shared)
+    floor: str  # the isolation of the agent it replaces
+    replaces: str  # that agent's source
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The trust decision for one project: what is gated, its hash, and whether it applies."""
+
+    root: Path | None = None
+    relevant: dict[str, Any] = field(default_factory=dict)  # gated name → canonical value
+    digest: str | None = None  # sha256 of canonical JSON of ``relevant``; None if it is empty
+    recorded: str | None = None  # the digest the trust store holds for ``root``
+    honoured: bool = False  # the gated settings apply (trusted, and within any cap)
+    floors: tuple[AgentFloor, ...] = ()
+
+    @property
+    def trusted(self) -> bool:
+        return self.digest is not None and self.recorded == self.digest
+
+    @property
+    def left_out(self) -> list[str]:
+        """The names of the gated settings left out (empty when trusted or none exist)."""
+        return [] if self.honoured else list(self.relevant)
+
+    @property
+    def honoured_digest(self) -> str | None:
+        return self.digest if self.honoured else None
+
+    def notice(self) -> str | None:
+        """The one line saying what was left out and how to trust, or None."""
+        if not self.left_out or self.root is None:
+            return None
+        names = ", ".join(self.left_out)
+        where = "" if _inside(Path.cwd(), self.root) else f" -C {shlex.quote(str(self.root))}"
+        if self.trusted:  # trusted now, but capped: its launcher ran without them
+            why, again = f"this run was started while {self.root} was not trusted", " again"
+        elif self.recorded is not None:
+            why, again = f"the settings of {self.root} changed since you trusted them", " again"
+        else:
+            why, again = f"{self.root} is not a trusted repository", ""
+        return (
+            f"orch: {why}, so these of its settings were left out: {names}; review them with "
+            f"`orch trust --show{where}`, then trust them{again} with `orch trust{where}`"
+        )
+
+
+# -- the gate -------------------------------------------------------------------------
+
+
+def gate(
+    root: Path | None,
+    user: dict[str, Any],
+    repo: dict[str, Any],
+    view: Callable[[dict[str, Any]], Any],
+    *,
+    cap: TrustCap | None = None,
+    floors: Sequence[AgentFloor] = (),
+) -> tuple[dict[str, Any], Trust]:
+    """The repository's settings (``repo``, its orch.toml as read) to merge, and the decision.
+
+    ``user`` is the user's ``~/.orch/config.toml`` as read; ``view`` validates a dict of
+    settings into a ``Settings`` (None if it cannot); ``floors`` are the repository's agent
+    files that weaken an agent (``agent_trust.agent_floors``). Untrusted gated settings are
+    taken out of what is returned.
+    """
+    if root is None:
+        return repo, Trust()
+    root = root.resolve()
+    base = view({k: user[k] for k in _GATED_KEYS if k in user}) or view({})
+    theirs = view({k: repo[k] for k in _GATED_KEYS if k in repo})
+    if theirs is None:  # cannot be compared: every gated key it sets is gated (fail closed)
+        relevant = {k: _jsonable(repo[k]) for k in _GATED_KEYS if k in repo}
+    else:
+        relevant = _weaker(theirs, base, set(repo))
+    for f in floors:
+        relevant[f"agents.{f.name}.isolation"] = {
+            "file": _shown_path(f.path, root),
+            "isolation": f.isolation,
+        }
+    if not relevant:
+        return repo, Trust(root=root)
+    digest = digest_of(relevant)
+    recorded = read_store().get(str(root), {}).get("sha256")
+    honoured = recorded == digest and (cap is None or cap.digest == digest)
+    trust = Trust(root, relevant, digest, recorded, honoured, tuple(floors))
+    if honoured:
+        return repo, trust
+    kept = {k: v for k, v in repo.items() if k not in relevant}
+    sandbox_keys = [k.removeprefix("sandbox.") for k in relevant if k.startswith("sandbox.")]
+    if sandbox_keys:
+        without = base.sandbox.model_dump(mode="json")
+        kept["sandbox"] = {**repo["sandbox"], **{k: without[k] for k in sandbox_keys}}
+    return kept, trust
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
+    """The gated settings of ``theirs`` (keys in ``present``) weaker than ``base``."""
+    found: dict[str, Any] = {}
+
+    def check(name: str, value: Any, weaker: bool) -> None:
+        if name.split(".")[0] in present and weaker:
+            found[name] = _jsonable(value)
+
+    check("hooks", theirs.hooks, theirs.hooks != base.hooks)
+    check("network", theirs.network, theirs.network == "host" and base.network != "host")
+    check("extra_env", theirs.extra_env, not theirs.extra_env.items() <= base.extra_env.items())
+    check("bash_deny", theirs.bash_deny, _drops(_rules(base.bash_deny), _rules(theirs.bash_deny)))
+    check(
+        "extra_bash_deny",
+        theirs.extra_bash_deny,
+        _drops(_rules(base.extra_bash_deny), _rules(theirs.extra_bash_deny)),
+    )
+    check(
+        "secret_env_patterns",
+        theirs.secret_env_patterns,
+        _drops(_upper(base.secret_env_patterns), _upper(theirs.secret_env_patterns)),
+    )
+    check(
+        "extra_secret_env",
+        theirs.extra_secret_env,
+        _drops(_upper(base.extra_secret_env), _upper(theirs.extra_secret_env)),
+    )
+    t, b = theirs.sandbox, base.sandbox
+    check("sandbox.os", t.os, t.os == "off" and b.os != "off")
+    check(
+        "sandbox.network_mode",
+        t.network_mode,
+        t.network_mode != "none" and t.network_mode != b.network_mode,
+    )
+    check("sandbox.cap_drop", t.cap_drop, _drops(_caps(b.cap_drop), _caps(t.cap_drop)))
+    check("sandbox.security_opt", t.security_opt, _opts(t.security_opt) != _opts(b.security_opt))
+    check("sandbox.read_only", t.read_only, b.read_only and not t.read_only)
+    check("sandbox.user", t.user, t.user != b.user)
+    check("sandbox.uid", t.uid, t.uid != b.uid)
+    check("sandbox.gid", t.gid, t.gid != b.gid)
+    check("sandbox.hidden", t.hidden, _drops(set(b.hidden), set(t.hidden)))
+    check(
+        "sandbox.env_whitelist", t.env_whitelist, _drops(set(t.env_whitelist), set(b.env_whitelist))
+    )
+    return found
+
+
+def _drops(before: set[Any], after: set[Any]) -> bool:
+    return not before <= after
+
+
+def _rules(rules: Iterable[Any]) -> set[tuple[str | None, str | None]]:
+    return {(r.pattern, r.check) for r in rules}
+
+
+def _upper(names: Iterable[str]) -> set[str]:
+    return {n.upper() for n in names}
+
+
+def _caps(caps: Iterable[str]) -> set[str]:
+    return {c.upper().removeprefix("CAP_") for c in caps}
+
+
+def _opts(opts: Iterable[str]) -> set[str]:
+    nnp = {"no-new-privileges:true", "no-new-privileges=true"}
+    return {"no-new-privileges" if o.strip().lower() in nnp else o.strip() for o in opts}
+
+
+def digest_of(relevant: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, no spaces, UTF-8) of the gated settings."""
+    text = json.dumps(relevant, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False
+
+
+def _shown_path(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+# -- the trust store ----------------------------------------------------------------------
+
+
+def _corrupt(path: Path, why: str) -> UsageError:
+    return UsageError(
+        f"{path} is not a valid trust file ({why}); remove it (rm {path}) and trust your "
+        "repositories again with `orch trust`"
+    )
+
+
+def read_store(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Trusted repositories by resolved root: ``{"sha256", "settings", "trusted_at"}``."""
+    path = path or trust_file()
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return {}
+    if not stat.S_ISREG(st.st_mode):
+        raise _corrupt(path, "not a regular file")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise UsageError(
+            f"{path} can be changed by another user (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}); make it yours with mode 600, or remove it and "
+            "trust your repositories again with `orch trust`"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _corrupt(path, f"not JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise _corrupt(path, f'no "version": {VERSION}')
+    trusted = data.get("trusted")
+    if not isinstance(trusted, dict):
+        raise _corrupt(path, 'no "trusted" object')
+    for root, entry in trusted.items():
+        if not isinstance(entry, dict) or not _DIGEST.match(str(entry.get("sha256"))):
+            raise _corrupt(path, f"the entry for {root!r} has no valid sha256")
+    return trusted
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    fd = os.open(directory / ".trusted.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_store(path: Path, trusted: dict[str, dict[str, Any]]) -> None:
+    """Atomically: a temporary file (0600) in the same directory, fsynced, renamed over."""
+    text = json.dumps({"version": VERSION, "trusted": trusted}, indent=2, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trusted.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fchmod(f.fileno(), 0o600)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def record(trust: Trust) -> None:
+    """Trust ``trust.root`` with exactly ``trust.relevant`` (its digest)."""
+    if trust.root is None or trust.digest is None:
+        raise UsageError("nothing to trust here: this repository has no gated settings")
+    path = trust_file()
+    with _locked(path.parent):
+        trusted = read_store(path)
+        trusted[str(trust.root)] = {
+            "sha256": trust.digest,
+            "settings": list(trust.relevant),
+            "trusted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        _write_store(path, trusted)
+
+
+def revoke(root: Path) -> bool:
+    """Forget ``root``; False if it was not in the store."""
+    path = trust_file()
+    if not path.exists():
+        return False
+    with _locked(path.parent):
+        trusted = read_store(path)
+        if trusted.pop(str(root), None) is None:
+            return False
+        _write_store(path, trusted)
+    return True
