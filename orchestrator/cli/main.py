@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import math
 import os
@@ -384,4 +385,14 @@ _register_subapps()
 
 
 def main() -> None:
-    app()
+    """Run the CLI, then leave at once: everything is written and flushed by then, and
+    tearing down the interpreter's modules (the SDK's thousands of types) only costs time."""
+    try:
+        app()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()  # what registered cleanups (temp dirs) still run
+    os._exit(code)
