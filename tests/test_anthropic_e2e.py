@@ -133,9 +133,7 @@ def test_sdk_retries_injected_faults(api: FakeAPI, project: Path) -> None:
     settings = Settings()
     store = open_store(project)
     provider = ModelProvider(settings)
-    runner = Runner(
-        settings=settings, store=store, catalog=load_catalog(project), models=provider
-    )
+    runner = Runner(settings=settings, store=store, catalog=load_catalog(project), models=provider)
     root = asyncio.run(_run(runner, provider, "hi", project))
     assert root.status == RunStatus.SUCCEEDED and root.output == "made it"
     assert api.served == 4
@@ -147,9 +145,7 @@ def test_persistent_errors_fail_the_run_clearly(api: FakeAPI, project: Path) -> 
     settings = Settings()
     store = open_store(project)
     provider = ModelProvider(settings)
-    runner = Runner(
-        settings=settings, store=store, catalog=load_catalog(project), models=provider
-    )
+    runner = Runner(settings=settings, store=store, catalog=load_catalog(project), models=provider)
     root = asyncio.run(_run(runner, provider, "hi", project))
     assert root.status == RunStatus.FAILED
     assert root.error is not None and "model API error 500" in root.error

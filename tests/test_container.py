@@ -81,7 +81,6 @@ def sandbox_image() -> str:
     return SANDBOX
 
 
-
 def sh(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=cwd, capture_output=True, text=True, check=True

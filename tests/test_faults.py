@@ -37,8 +37,9 @@ def fan_out_responder(body: dict[str, Any]) -> dict[str, Any]:
     turn = (len(body["messages"]) + 1) // 2
     if _depth(body) == 0:
         if turn == 1:
-            return tool_reply(*[("task", {"description": f"c{i}", "prompt": f"child {i}"})
-                                for i in range(4)])
+            return tool_reply(
+                *[("task", {"description": f"c{i}", "prompt": f"child {i}"}) for i in range(4)]
+            )
         return text_reply("root done")
     if turn <= 2:
         return tool_reply(("read_file", {"path": "pyproject.toml"}), text=f"step {turn}")
@@ -47,8 +48,9 @@ def fan_out_responder(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _run(settings: Settings, root: Path, prompt: str = "go") -> RunRecord:
     provider = ModelProvider(settings)
-    runner = Runner(settings=settings, store=open_store(root),
-                          catalog=load_catalog(root), models=provider)
+    runner = Runner(
+        settings=settings, store=open_store(root), catalog=load_catalog(root), models=provider
+    )
     async with provider:
         return await asyncio.wait_for(runner.run(RunSpec(prompt=prompt, workdir=root)), 120)
 
@@ -126,10 +128,24 @@ class Hang(Tool):
 
 
 def test_a_tool_that_raises_is_a_tool_error_and_the_loop_goes_on(project: Path) -> None:
-    script = {"conversations": [{"turns": [
-        {"tool_calls": [{"tool": "explode"}, {"tool": "glob", "input": {"pattern": "*"}}]},
-        {"expect_result": "explode failed: RuntimeError: tool bug", "text": "recovered"},
-    ]}]}
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {
+                        "tool_calls": [
+                            {"tool": "explode"},
+                            {"tool": "glob", "input": {"pattern": "*"}},
+                        ]
+                    },
+                    {
+                        "expect_result": "explode failed: RuntimeError: tool bug",
+                        "text": "recovered",
+                    },
+                ]
+            }
+        ]
+    }
     h = harness(project, script)
     h.runner.tools.add(Explode())
     root = h.run()
@@ -139,15 +155,22 @@ def test_a_tool_that_raises_is_a_tool_error_and_the_loop_goes_on(project: Path) 
 
 
 def test_a_child_that_raises_fails_alone(project: Path) -> None:
-    script = {"conversations": [
-        {"depth": 0, "turns": [
-            {"tool_calls": [task_call("bad"), task_call("good")]},
-            {"text": "parent carries on"},
-        ]},
-        {"prompt": "bad", "turns": [{"text": "PARTIAL", "tool_calls": [{"tool": "glob"}]},
-                                    {"text": "never"}]},
-        {"prompt": "good", "turns": [{"text": "fine"}]},
-    ]}
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [task_call("bad"), task_call("good")]},
+                    {"text": "parent carries on"},
+                ],
+            },
+            {
+                "prompt": "bad",
+                "turns": [{"text": "PARTIAL", "tool_calls": [{"tool": "glob"}]}, {"text": "never"}],
+            },
+            {"prompt": "good", "turns": [{"text": "fine"}]},
+        ]
+    }
     h = harness(project, script)
     original = h.model.complete
 
@@ -166,10 +189,16 @@ def test_a_child_that_raises_fails_alone(project: Path) -> None:
 
 
 def test_a_tool_that_hangs_is_cut_off_and_the_loop_goes_on(project: Path) -> None:
-    script = {"conversations": [{"turns": [
-        {"tool_calls": [{"tool": "hang"}]},
-        {"expect_result": "did not finish within 0.5s", "text": "moved on"},
-    ]}]}
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {"tool_calls": [{"tool": "hang"}]},
+                    {"expect_result": "did not finish within 0.5s", "text": "moved on"},
+                ]
+            }
+        ]
+    }
     h = harness(project, script)
     h.runner.tools.add(Hang())
     root = h.run()
@@ -178,8 +207,10 @@ def test_a_tool_that_hangs_is_cut_off_and_the_loop_goes_on(project: Path) -> Non
 
 def test_tool_registry_defaults_are_bounded() -> None:
     settings = Settings()
-    limits = {t.name: t.time_limit(t.input_model.model_construct(), settings)
-              for t in [*builtin_tools(), *delegation_tools()]}
+    limits = {
+        t.name: t.time_limit(t.input_model.model_construct(), settings)
+        for t in [*builtin_tools(), *delegation_tools()]
+    }
     assert limits["task"] is None and limits["task_output"] is None
     assert limits["read_file"] == settings.tool_timeout_s
     assert limits["bash"] == settings.bash_timeout_s + 15.0  # its own timeout, then a margin

@@ -63,8 +63,10 @@ def test_worktree_child_cannot_write_outside_its_worktree(
     ]
     script = {
         "conversations": [
-            {"depth": 0, "turns": [{"tool_calls": [task_call("go", isolation="worktree")]},
-                                   {"text": "ok"}]},  # fmt: skip
+            {
+                "depth": 0,
+                "turns": [{"tool_calls": [task_call("go", isolation="worktree")]}, {"text": "ok"}],
+            },  # fmt: skip
             {"depth": 1, "turns": [{"tool_calls": [bash(a) for a in attacks]}, {"text": "done"}]},
         ]
     }

@@ -91,6 +91,7 @@ def run_changes(repo: Path, files: dict[str, str], **kw: Any) -> tuple[WorktreeW
 
 pytestmark = pytest.mark.usefixtures("hermetic_git")
 
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """main with one commit, and a checked-out ``feature`` branch one commit ahead of it."""
@@ -287,8 +288,12 @@ def test_parallel_workspaces_across_processes(repo: Path) -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(repo), str(n)], env=env,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(repo), str(n)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
         for n in range(3)
     ]
     errors = [p.communicate()[1] for p in procs]
@@ -327,7 +332,10 @@ def test_worktreeinclude_copies_ignored_files(repo: Path, tmp_path: Path) -> Non
     changed = asyncio.run(body(change=True))
     branch = changed.artifacts()[0]["branch"]
     assert sh(repo, "ls-tree", "-r", "--name-only", branch).split() == [
-        ".gitignore", "a.txt", "b.txt", "local.cfg"
+        ".gitignore",
+        "a.txt",
+        "b.txt",
+        "local.cfg",
     ]
 
 

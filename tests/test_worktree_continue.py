@@ -17,6 +17,7 @@ from tests.test_worktree import make_spec, orch_branches, run_changes, sh, workt
 
 pytestmark = pytest.mark.usefixtures("hermetic_git")
 
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return init_repo(tmp_path / "proj", {"a.txt": "one\n"})
