@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .. import trust as store
+from .. import trust as trusting
 from ..agent_trust import load_trusted
 from ..errors import UsageError
 from ..paths import project_root
@@ -24,7 +24,7 @@ def _say(text: str) -> None:
     out.print(safe_text(text), soft_wrap=True)  # one line each, whatever the width
 
 
-def _status(t: store.Trust) -> str:
+def _status(t: trusting.Trust) -> str:
     if t.digest is None:
         return "nothing to trust (no gated settings)"
     if t.trusted:
@@ -59,7 +59,7 @@ def trust(
         raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
     root = project_root(wd)
     if revoke:
-        removed = store.revoke(root)
+        removed = trusting.revoke(root)
         if as_json:
             print_json({"root": str(root), "revoked": removed})
         else:
@@ -68,7 +68,7 @@ def trust(
         return
     _, t = load_trusted(root)
     if not show and t.digest is not None and not t.trusted:
-        store.record(t)
+        trusting.record(t)
         t = replace(t, recorded=t.digest)
     if as_json:
         print_json(
@@ -78,7 +78,7 @@ def trust(
                 "sha256": t.digest,
                 "trusted": t.trusted,
                 "recorded_sha256": t.recorded,
-                "trust_file": str(store.trust_file()),
+                "trust_file": str(trusting.trust_file()),
             }
         )
         return
