@@ -48,6 +48,8 @@ def agent_floors(root: Path, repo: dict[str, Any]) -> list[AgentFloor]:
     ours = _first_by_name([Path.home() / ".orch/agents", *([bundled] if bundled else [])])
     floors = []
     for name, (path, d) in sorted(theirs.items()):
+        if d.network == "host":  # the machine's network for this agent's commands
+            floors.append(AgentFloor(name, path, d.isolation, "", "", network=d.network))
         if name not in ours:
             continue
         replaced_path, replaced = ours[name]
@@ -85,7 +87,12 @@ def guard(trust: Trust, catalog: Catalog) -> Catalog:
         return catalog
     for f in trust.floors:
         d = catalog.agents.get(f.name)
-        if d is not None and _same_file(d.source, f.path):
+        if d is not None and f.network and _same_file(d.source, f.path):
+            note = "network 'host' left out: the repository is not trusted; see `orch trust --show`"
+            catalog.agents[f.name] = d.model_copy(
+                update={"network": None, "warnings": [*d.warnings, note]}
+            )
+        elif d is not None and _same_file(d.source, f.path):
             note = (
                 f"isolation {d.isolation or 'shared'!r} raised to {f.floor!r} (that of "
                 f"{f.replaces}): the repository is not trusted; see `orch trust --show`"

@@ -50,7 +50,9 @@ UNSUPPORTED_TOOLS: dict[str, str] = {
     **dict.fromkeys(["notebookedit", "slashcommand", "exitplanmode", "askuserquestion"], ""),
 }
 _CAMEL = {c.lower(): c for c in ("disallowedTools", "permissionMode", "maxTurns")}
-AGENT_FIELDS = frozenset("name description tools model skills isolation background color".split())
+AGENT_FIELDS = frozenset(
+    "name description tools model skills isolation background color network".split()
+)
 AGENT_FIELDS |= frozenset(_CAMEL.values())
 SKILL_FIELDS = frozenset(
     "name description license allowed-tools metadata version compatibility".split()
@@ -82,6 +84,7 @@ class AgentDefinition(BaseModel):
     skills: list[str] = Field(default_factory=list)
     isolation: str | None = None  # a tier name from workspaces.registry
     agents: list[str] | None = None  # the agents it may start (``Task(a, b)``); None: any
+    network: str | None = None  # "host" or "none" for its commands; None: the settings' own
     background: bool = False
     color: str | None = None
     system_prompt: str = ""
@@ -194,6 +197,9 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
     if isolation is not None and isolation not in TIER_NAMES:
         one_of = ", ".join(TIER_NAMES)
         raise p.error("isolation", f"'isolation' must be one of {one_of}, not {isolation!r}")
+    network = p.opt_str("network", "'network: host'")
+    if network is not None and network not in ("host", "none"):
+        raise p.error("network", f"'network' must be host or none, not {network!r}")
     background = p.data.get("background")
     if background is not None and not isinstance(background, bool):
         raise p.error("background", f"'background' must be true or false, not {background!r}")
@@ -211,6 +217,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
         skills=p.str_list("skills", "'skills: git-hygiene, code-review-checklist'") or [],
         isolation=isolation,
         agents=agents,
+        network=network,
         background=bool(background),
         color=p.opt_str("color", "'color: blue'"),
         system_prompt=p.body,

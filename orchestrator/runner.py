@@ -294,7 +294,7 @@ class Runner:
             options={
                 "include": self.settings.worktree_include,
                 "sandbox": self.settings.sandbox.model_dump(),
-                "network": self.settings.network,
+                "network": definition.network or self.settings.network,
                 "extra_env": self.settings.extra_env,
                 "state_dir": str(self.state_dir(spec.workdir)),
             },

@@ -110,6 +110,7 @@ class AgentFloor:
     isolation: str | None  # as the repository's file says (None: shared)
     floor: str  # the isolation of the agent it replaces
     replaces: str  # that agent's source
+    network: str | None = None  # set: the entry is about the file asking this network instead
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,8 @@ def gate(
     else:
         relevant = _weaker(theirs, base, set(repo))
     for f in floors:
-        relevant[f"agents.{f.name}.isolation"] = {
-            "file": _shown_path(f.path, root),
-            "isolation": f.isolation,
-        }
+        key, value = ("network", f.network) if f.network else ("isolation", f.isolation)
+        relevant[f"agents.{f.name}.{key}"] = {"file": _shown_path(f.path, root), key: value}
     if not relevant:
         return repo, Trust(root=root)
     digest = digest_of(relevant)

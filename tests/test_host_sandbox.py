@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator import osbox
 from orchestrator.run import RunStatus
-from tests.support import git, harness, init_repo, task_call, tool_results, write_script
+from tests.support import git, harness, init_repo, orch, task_call, tool_results, write_script
 
 pytestmark = pytest.mark.bwrap
 
@@ -200,3 +200,109 @@ def test_without_bwrap_a_host_run_fails_closed(
     assert root.error is not None and "install bubblewrap" in root.error
     assert 'sandbox.os = "off"' in root.error and "\n" not in root.error
     assert h.model.requests == []  # nothing ran
+
+
+def test_network_per_agent_definition_needs_trust_from_a_repository(project: Path) -> None:
+    """An agent file with `network: host` gets the machine's network only once trusted."""
+    import socket
+
+    agents = project / ".orch" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "netter.md").write_text(
+        "---\nname: netter\ndescription: Needs the network.\ntools: Bash\nnetwork: host\n---\nGo.\n"
+    )
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(5)
+        port = server.getsockname()[1]
+        probe = (
+            f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', {port}),"
+            " 2); print('REA' + 'CHED')\" 2>&1 | tail -1"
+        )
+        turns = [{"tool_calls": [bash(probe)]}, {"text": "done"}]
+        script = write_script(project, {"conversations": [{"agent": "netter", "turns": turns}]})
+
+        def run() -> tuple[dict[str, Any], str]:
+            r = orch("task", "x", "--agent", "netter", "--json", "--model", f"scripted:{script}",
+                     cwd=project)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            result = json.loads(r.stdout)
+            events = orch("logs", result["run_id"], "--json", cwd=project).stdout
+            return result, events
+
+        untrusted, events = run()
+        assert untrusted["workspace"]["network"] == "none"
+        assert "REACHED" not in events
+        assert orch("trust", cwd=project).returncode == 0
+        trusted, events = run()
+        assert trusted["workspace"]["network"] == "host"
+        assert "REACHED" in events
+
+
+def test_unsandboxed_runs_say_so_in_ps_tree_and_result(project: Path) -> None:
+    config = Path(os.environ["HOME"]) / ".orch" / "config.toml"  # the user's own: no trust
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[sandbox]\nos = "off"\n')
+    script = write_script(project, {"conversations": [{"turns": [{"text": "done"}]}]})
+    r = orch("task", "x", "--json", "--model", f"scripted:{script}", cwd=project)
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    assert json.loads(r.stdout)["workspace"]["os_sandbox"] == "off"
+    for args in (["ps"], ["tree", run_id], ["result", run_id]):
+        shown = orch(*args, cwd=project)
+        assert shown.returncode == 0, shown.stderr
+        assert "unsandboxed" in shown.stdout, (args, shown.stdout)
+    rows = json.loads(orch("ps", "--json", cwd=project).stdout)
+    assert rows[0]["os_sandbox"] == "off"
+
+
+def test_the_real_sdk_path_keeps_the_key_and_the_checkout_out_of_reach(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same attacks through the real `anthropic` SDK against a fake Messages API: the
+    key the SDK holds never reaches a command, and a worktree run writes only its worktree."""
+    import asyncio
+
+    from orchestrator.config import Settings
+    from orchestrator.definitions import load_catalog
+    from orchestrator.models import ModelProvider
+    from orchestrator.runner import Runner
+    from orchestrator.spec import RunSpec
+    from orchestrator.store import open_store
+    from orchestrator.workspaces.worktree import WorktreeConfig
+    from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
+
+    attack = (
+        "cat /proc/$PPID/environ /proc/1/environ | tr '\\0' '\\n'; env; "
+        f"echo PWNED >> {repo}/README.md; cd ../../.. && echo PWNED >> README.md; echo END"
+    )
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        if len(body["messages"]) == 1:
+            return tool_reply(("bash", {"command": attack}))
+        return text_reply("done")
+
+    with serve(FakeAPI(responder)) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", MARKER)
+        settings = Settings(model="sonnet")
+        provider = ModelProvider(settings)
+        runner = Runner(
+            settings=settings,
+            store=open_store(repo),
+            catalog=load_catalog(repo),
+            models=provider,
+        )
+
+        async def go() -> Any:
+            async with provider:
+                spec = RunSpec(prompt="go", workdir=repo, workspace=WorktreeConfig())
+                return await runner.run(spec)
+
+        root = asyncio.run(go())
+        assert root.status == RunStatus.SUCCEEDED, root.error
+        held = [h.get("x-api-key", "") + h.get("authorization", "") for h in api.headers]
+        assert all(MARKER in h for h in held)  # the SDK holds the key...
+        sent_back = json.dumps(api.requests[1]["messages"][-1])
+        assert "END" in sent_back and MARKER not in sent_back  # ...no command ever sees it
+    assert (repo / "README.md").read_text() == "# the user's\n"

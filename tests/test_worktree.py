@@ -137,7 +137,8 @@ def test_user_tree_untouched_and_work_committed_on_branch(repo: Path, hermetic_g
 
     branch = f"orch/coder/{short_run_id(spec.run_id)}"
     assert info == {"isolation": "worktree", "root": info["root"], "branch": branch,
-                    "base": head_before, "repo": str(repo), "os_sandbox": "bwrap"}  # fmt: skip
+                    "base": head_before, "repo": str(repo), "os_sandbox": "bwrap",
+                    "network": "none"}  # fmt: skip
     [artifact] = ws.artifacts()
     assert artifact == {
         "kind": "branch", "branch": branch, "base": head_before,

@@ -137,6 +137,16 @@ def age(ts: float | None) -> str:
     return f"{s / 86400:.1f}d"
 
 
+def tier_notes(workspace: dict[str, Any]) -> str:
+    """What a run's tier record says a reader must know: unsandboxed, or on the network."""
+    notes = []
+    if workspace.get("os_sandbox") == "off":
+        notes.append("unsandboxed")
+    if workspace.get("network") == "host":
+        notes.append("network")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
 def run_label(r: RunRecord) -> Text:
     """One line about a run; agent, isolation and description are shown, never obeyed."""
     style = STATUS_STYLE.get(r.status, "")
@@ -146,7 +156,7 @@ def run_label(r: RunRecord) -> Text:
         " ",
         safe_text(r.agent),
         " ",
-        safe_text(f"d{r.depth} {shown(r.isolation)}", "dim"),
+        safe_text(f"d{r.depth} {shown(r.isolation)}{tier_notes(r.workspace)}", "dim"),
         " ",
         (r.status.value, style),
         " ",

@@ -16,7 +16,16 @@ from ..background import owner_alive, reap, reconcile
 from ..errors import OrchError
 from ..run import EXIT_CODES, RunRecord, RunStatus, now
 from ..store import RunStore
-from .common import STATUS_STYLE, age, find_run, handles_errors, open_project, out, print_json
+from .common import (
+    STATUS_STYLE,
+    age,
+    find_run,
+    handles_errors,
+    open_project,
+    out,
+    print_json,
+    tier_notes,
+)
 from .safe import safe_text, shown
 
 PS_KEYS = [
@@ -50,6 +59,8 @@ def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
         "last_activity": raw.get("last_activity"),
         "recent_activities": raw.get("recent_activities") or [],
         "summary": (raw.get("summary") or "")[:500],
+        "os_sandbox": (raw.get("workspace") or {}).get("os_sandbox"),
+        "network": (raw.get("workspace") or {}).get("network"),
         "budgets": (raw.get("options") or {}).get("budgets") if raw.get("depth") == 0 else None,
     }
 
@@ -121,7 +132,7 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
             safe_text(r["run_id"]),
             safe_text("  " * int(r.get("depth", 0)) + shown(r.get("agent", ""))),
             Text(status.value, STATUS_STYLE.get(status, "")),
-            safe_text(r.get("isolation", "")),
+            safe_text(str(r.get("isolation", "")) + tier_notes(r)),
             Text(str(r["tool_uses"])),
             Text(f"{r['input_tokens'] + r['output_tokens']:,}"),
             safe_text(str(act.get("summary", "") if isinstance(act, dict) else "")[:60]),

@@ -59,7 +59,9 @@ class SharedWorkspace:
 
     def info(self) -> dict[str, Any]:
         mode = os_sandbox_of(self.spec)
-        return {"isolation": self.isolation, "root": str(self.root), "os_sandbox": mode}
+        net = self.spec.options.get("network", "none")
+        return {"isolation": self.isolation, "root": str(self.root), "os_sandbox": mode,
+                "network": net}  # fmt: skip
 
     def artifacts(self) -> list[dict[str, Any]]:
         return []

@@ -223,7 +223,8 @@ class WorktreeWorkspace:
         repo = str(self.main_root) if self.main_root else None
         return {"isolation": self.isolation, "root": str(self.root), "branch": self.branch,
                 "base": self.base_commit, "repo": repo,
-                "os_sandbox": os_sandbox_of(self.spec)}  # fmt: skip
+                "os_sandbox": os_sandbox_of(self.spec),
+                "network": self.spec.options.get("network", "none")}  # fmt: skip
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
