@@ -1,0 +1,161 @@
+"""What crosses the container boundary, as data: git bundles and ``.worktreeinclude`` copies.
+
+In: the host bundles the run's starting commit from the user's repository (found from
+the run record's working directory, never from a tree a sandbox writes) with the hardened
+git of :mod:`orchestrator.git`, and tars it, with the included files read from the
+*user's* tree through :mod:`orchestrator.safefs`, into a host-owned temp file that the
+engine extracts into the container (``put_archive``).
+
+Out: the container's work arrives as a bundle stream (``git bundle create -``) written
+to a host-owned temp file, capped at ``sandbox.bundle_max_bytes``; the host checks it
+(``git bundle verify``: a bundle whose prerequisites are in the repository), reads its
+one head, and unpacks its objects (``git bundle unbundle``, no transport, no checkout,
+no hooks: ``GIT_DIR`` is the user's repository, never a directory the sandbox wrote).
+Refs are then moved with ``update-ref`` by the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import OrchError
+from ..git import RepoPaths, first_line, git
+from ..safefs import Beneath, TooManyEntries, UnsafePath
+
+INCLUDE_FILE = ".worktreeinclude"
+INBOX = ".orch-in"  # the staging directory in /workspace, removed once the tree is set up
+INCLUDE_FILE_MAX = 10 * 1024 * 1024  # one included file; larger ones are skipped
+INCLUDE_TOTAL_MAX = 64 * 1024 * 1024
+_SHA = re.compile(r"^[0-9a-f]{40,64}$")
+
+
+@dataclass
+class Staging:
+    """A host-owned temp directory (0700) for one run's bundles and archive."""
+
+    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="orch-bundle-")))
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- in ---------------------------------------------------------------------------------
+
+
+def include_files(user_tree: Path, patterns: Iterable[str]) -> dict[str, bytes]:
+    """Files of the user's tree named by ``.worktreeinclude`` (and ``patterns``): read with
+    safefs beneath the tree (no symlink followed, no hard link, capped). Blocking."""
+    found: dict[str, bytes] = {}
+    total = 0
+    with Beneath(user_tree) as fs:
+        try:
+            text, _ = fs.read(INCLUDE_FILE, 64 * 1024)
+            listed = text.decode("utf-8", "replace").splitlines()
+        except (OSError, UnsafePath):
+            listed = []
+        for raw in [*patterns, *listed]:
+            pattern = raw.strip().lstrip("/").rstrip("/")
+            if not pattern or pattern.startswith("#"):
+                continue
+            for pat in (pattern, f"{pattern}/**"):
+                try:
+                    rels, _ = fs.glob(pat, limit=10_000, skip_dirs={".git", ".orch"})
+                except (ValueError, UnsafePath, TooManyEntries):
+                    continue
+                for rel in rels:
+                    if rel in found or rel.split("/")[0] in (".git", ".orch", INBOX):
+                        continue
+                    try:
+                        data, size = fs.read(rel, INCLUDE_FILE_MAX)
+                    except (OSError, UnsafePath):
+                        continue
+                    if size > INCLUDE_FILE_MAX or total + size > INCLUDE_TOTAL_MAX:
+                        continue
+                    found[rel] = data
+                    total += size
+    return found
+
+
+async def untracked(repo: RepoPaths, rels: list[str]) -> list[str]:
+    """The paths of ``rels`` that git does not track in ``repo`` (includes are copies of
+    ignored or untracked files; tracked ones come with the bundle)."""
+    tracked: set[str] = set()
+    for i in range(0, len(rels), 200):
+        chunk = [f":(literal){r}" for r in rels[i : i + 200]]
+        listed = await git("ls-files", "-z", "--", *chunk, repo=repo, check=False)
+        tracked.update(p for p in listed.out.split("\0") if p)
+    return [r for r in rels if r not in tracked]
+
+
+async def bundle_commit(repo: RepoPaths, commit: str, dest: Path, ref: str) -> None:
+    """``dest``: a bundle of ``commit`` (all its history) under the name ``ref``."""
+    await git("update-ref", ref, commit, repo=repo)
+    try:
+        await git("bundle", "create", "-q", str(dest), ref, repo=repo)
+    finally:
+        await git("update-ref", "-d", ref, repo=repo, check=False)
+
+
+def _dir(name: str, uid: int, gid: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+    return info
+
+
+def write_archive(
+    dest: Path, bundle: Path, includes: dict[str, bytes], uid: int, gid: int
+) -> dict[str, str]:
+    """The tar put into ``/workspace``: ``.orch-in/base.bundle`` and ``.orch-in/include/…``,
+    owned by the sandbox user. Returns the sha256 of each include. Blocking."""
+    digests: dict[str, str] = {}
+    made: set[str] = set()
+    with tarfile.open(dest, "w") as tar:
+        tar.addfile(_dir(INBOX, uid, gid))
+        info = tar.gettarinfo(str(bundle), f"{INBOX}/base.bundle")
+        info.uid, info.gid, info.mode, info.uname, info.gname = uid, gid, 0o644, "", ""
+        with bundle.open("rb") as f:
+            tar.addfile(info, f)
+        for rel, data in sorted(includes.items()):
+            parts = rel.split("/")
+            for i in range(len(parts)):
+                name = "/".join([INBOX, "include", *parts[:i]])
+                if name not in made:
+                    made.add(name)
+                    tar.addfile(_dir(name, uid, gid))
+            file = tarfile.TarInfo(f"{INBOX}/include/{rel}")
+            file.size, file.mode, file.uid, file.gid = len(data), 0o644, uid, gid
+            tar.addfile(file, io.BytesIO(data))
+            digests[rel] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+# -- out --------------------------------------------------------------------------------
+
+
+async def unpack(repo: RepoPaths, bundle: Path) -> str:
+    """Check the bundle against ``repo``, unpack its objects, return its one head commit."""
+    verified = await git("bundle", "verify", "-q", str(bundle), repo=repo, check=False)
+    if verified.code != 0:
+        raise OrchError(
+            f"the sandbox's work is not a valid bundle: {first_line(verified.err or verified.out)}"
+        )
+    heads = await git("bundle", "list-heads", str(bundle), repo=repo)
+    tips = [line.split()[0] for line in heads.out.splitlines() if line.strip()]
+    if len(tips) != 1 or not _SHA.match(tips[0]):
+        raise OrchError(f"the sandbox's bundle names {len(tips)} heads; expected one")
+    await git("bundle", "unbundle", str(bundle), repo=repo)
+    kind = await git("cat-file", "-t", tips[0], repo=repo, check=False)
+    if kind.out.strip() != "commit":
+        raise OrchError("the sandbox's bundle head is not a commit")
+    return tips[0]
