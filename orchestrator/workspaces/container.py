@@ -61,37 +61,22 @@ from .pool import (
     start_container,
 )
 from .settle import commit_env, commit_message
-from .transfer import INBOX, Staging, bundle_commit, include_files, unpack, untracked, write_archive
+from .transfer import (
+    COMMIT,
+    GIT_INSIDE,
+    INBOX,
+    NEEDS,
+    SETUP,
+    Staging,
+    bundle_commit,
+    include_files,
+    unpack,
+    untracked,
+    write_archive,
+)
 from .worktree import await_shielded, branch_name, continued, ref_component
 
 __all__ = ["ContainerWorkspace", "docker_client", "reap_by_label", "remove_container"]
-
-NEEDS = "the sandbox image needs python3 and git; run `orch sandbox build`"
-GIT_INSIDE = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
-              "-c", "commit.gpgSign=false", "-c", "submodule.recurse=false"]  # fmt: skip
-SETUP = r"""set -e
-test -w /workspace || { echo "NOT-WRITABLE"; exit 3; }
-cd /workspace
-git init -q
-git fetch -q --no-tags "$IN/base.bundle" "$REF:refs/heads/$BRANCH"
-git checkout -q -f "$BRANCH"
-if [ -d "$IN/include" ]; then cp -an "$IN/include/." . ; fi
-rm -rf "$IN"
-"""
-# Commit every change; print how many commits HEAD is ahead of $START (x: HEAD unusable).
-COMMIT = r"""cd /workspace || { echo x; exit 0; }
-g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c commit.gpgSign=false "$@"; }
-if ! g add -A 2>/dev/null; then
-  set --
-  while IFS= read -r -d '' e; do
-    case "$e" in '?? '*/) set -- "$@" ":(exclude,literal)${e#?? }" ;; esac
-  done < <(g status --porcelain -z --untracked-files=all --ignore-submodules=dirty)
-  g add -A -- . "$@" >/dev/null 2>&1
-fi
-g diff --cached --quiet --ignore-submodules=dirty 2>/dev/null \
-  || g commit --no-verify -q --cleanup=whitespace -F - >/dev/null 2>&1
-g rev-list --count "$START..HEAD" 2>/dev/null || echo x
-"""
 
 _LIVE: dict[str, ContainerWorkspace] = {}  # open container workspaces of this process, by run
 _PER_CHAIN: dict[str, int] = {}

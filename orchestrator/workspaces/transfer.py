@@ -36,6 +36,43 @@ INCLUDE_FILE_MAX = 10 * 1024 * 1024  # one included file; larger ones are skippe
 INCLUDE_TOTAL_MAX = 64 * 1024 * 1024
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 
+# -- the scripts git runs inside the container (as the sandbox user) ------------------------
+
+NEEDS = "the sandbox image needs python3 and git; run `orch sandbox build`"
+GIT_INSIDE = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+              "-c", "commit.gpgSign=false", "-c", "submodule.recurse=false"]  # fmt: skip
+SETUP = r"""set -e
+test -w /workspace || { echo "NOT-WRITABLE"; exit 3; }
+cd /workspace
+git init -q
+git fetch -q --no-tags "$IN/base.bundle" "$REF:refs/heads/$BRANCH"
+git checkout -q -f "$BRANCH"
+if [ -d "$IN/include" ]; then cp -an "$IN/include/." . ; fi
+rm -rf "$IN"
+"""
+# Commit every change; print how many commits HEAD is ahead of $START (x: HEAD unusable).
+# Like the host's commits of a worktree: no hooks, fsmonitor or filter drivers run (a run's own
+# config could make its export fail or lie about its files).
+COMMIT = r"""cd /workspace || { echo x; exit 0; }
+off=(-c core.hooksPath=/dev/null -c core.fsmonitor=false -c commit.gpgSign=false)
+while read -r key _; do
+  name=${key#filter.}; name=${name%.*}
+  off+=(-c "filter.$name.clean=" -c "filter.$name.smudge=" -c "filter.$name.process="
+        -c "filter.$name.required=false")
+done < <(git config --get-regexp '^filter\..*\.(clean|smudge|process|required)$' 2>/dev/null)
+g() { git "${off[@]}" "$@"; }
+if ! g add -A 2>/dev/null; then
+  set --
+  while IFS= read -r -d '' e; do
+    case "$e" in '?? '*/) set -- "$@" ":(exclude,literal)${e#?? }" ;; esac
+  done < <(g status --porcelain -z --untracked-files=all --ignore-submodules=dirty)
+  g add -A -- . "$@" >/dev/null 2>&1
+fi
+g diff --cached --quiet --no-ext-diff --no-textconv --ignore-submodules=dirty 2>/dev/null \
+  || g commit --no-verify -q --cleanup=whitespace -F - >/dev/null 2>&1
+g rev-list --count "$START..HEAD" 2>/dev/null || echo x
+"""
+
 
 @dataclass
 class Staging:
