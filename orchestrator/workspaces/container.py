@@ -62,12 +62,12 @@ from .pool import (
 )
 from .settle import commit_env, commit_message
 from .transfer import (
-    COMMIT,
-    GIT_INSIDE,
+    EXPORT,
     INBOX,
     NEEDS,
     SETUP,
     Staging,
+    ahead_of,
     bundle_commit,
     include_files,
     unpack,
@@ -312,10 +312,6 @@ class ContainerWorkspace:
 
     async def _fill(self, archive: Path) -> None:
         assert self.box is not None
-        probe = await self.box.call(["sh", "-c", "command -v python3 && command -v git"],
-                                    out_cap=4096, timeout_s=30)  # fmt: skip
-        if probe.code != 0:
-            raise OrchError(NEEDS)
 
         def put() -> None:
             with docker_errors(self.cfg.image), archive.open("rb") as f:
@@ -323,7 +319,9 @@ class ContainerWorkspace:
 
         await asyncio.to_thread(put)
         env = {"IN": f"{WORKSPACE}/{INBOX}", "REF": self._in_ref, "BRANCH": self.branch}
-        made = await self.box.call(["bash", "-c", SETUP], out_cap=65536, timeout_s=600, env=env)
+        made = await self.box.call(["sh", "-c", SETUP], out_cap=65536, timeout_s=600, env=env)
+        if b"NEEDS" in made.out:
+            raise OrchError(NEEDS)
         if b"NOT-WRITABLE" in made.out:
             raise OrchError(
                 f"the sandbox user {self.uid}:{self.gid} cannot write {WORKSPACE} in image "
@@ -340,29 +338,16 @@ class ContainerWorkspace:
 
     # -- work out -----------------------------------------------------------------------
 
-    async def _commit_inside(self, message: str) -> int | None:
-        """Commit every change in the container; how many commits HEAD is past the start."""
-        assert self.box is not None
-        env = {**commit_env(ref_component(self.spec.agent)), "START": self.start}
-        got = await self.box.call(["bash", "-c", COMMIT], message.encode(),
-                                  out_cap=4096, timeout_s=600, env=env)  # fmt: skip
-        text = got.out.decode("utf-8", "replace").strip()
-        return int(text) if text.isdigit() else None
-
     async def _export(self, message: str) -> str | None:
-        """Commit inside, then bring the work out: the new tip commit, or None (no work)."""
+        """Commit inside and bring the work out in the same exec: the new tip, or None."""
         assert self.box is not None and self.main is not None
+        env = {**commit_env(ref_component(self.spec.agent)), "START": self.start}
         async with self._lock:
-            ahead = await self._commit_inside(message)
-            if ahead is None:
-                raise OrchError("the sandbox's git repository is unusable; its work is lost")
-            if ahead == 0:
-                return None
             with tempfile.TemporaryDirectory(prefix="orch-out-") as tmp:
                 path = Path(tmp) / "out.bundle"
                 with path.open("wb") as f:
                     got = await self.box.call(
-                        [*GIT_INSIDE, "bundle", "create", "-q", "-", "HEAD", f"^{self.start}"],
+                        ["bash", "-c", EXPORT], message.encode(), env=env,
                         out_cap=self.cfg.bundle_max_bytes, timeout_s=600, out_file=f,
                     )  # fmt: skip
                 if got.overflow:
@@ -370,9 +355,14 @@ class ContainerWorkspace:
                         f"the sandbox's work is over sandbox.bundle_max_bytes "
                         f"({self.cfg.bundle_max_bytes:,} bytes); it was not taken"
                     )
+                ahead = ahead_of(got.err)
+                if ahead is None:
+                    raise OrchError("the sandbox's git repository is unusable; its work is lost")
+                if ahead == 0:
+                    return None
                 if got.code != 0:
                     err = got.err.decode("utf-8", "replace").strip().splitlines()
-                    raise OrchError(f"git bundle failed in the sandbox: {(err or ['?'])[-1]}")
+                    raise OrchError(f"git bundle failed in the sandbox: {(err or ['?'])[-2:]}")
                 return await unpack(self.main, path)
 
     async def checkpoint(self, ref: str, child_run_id: str) -> str:

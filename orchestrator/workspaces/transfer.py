@@ -39,10 +39,10 @@ _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 # -- the scripts git runs inside the container (as the sandbox user) ------------------------
 
 NEEDS = "the sandbox image needs python3 and git; run `orch sandbox build`"
-GIT_INSIDE = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
-              "-c", "commit.gpgSign=false", "-c", "submodule.recurse=false"]  # fmt: skip
-SETUP = r"""set -e
-test -w /workspace || { echo "NOT-WRITABLE"; exit 3; }
+# POSIX sh (any image has one): check the image, then clone the bundle into /workspace.
+SETUP = r"""command -v python3 >/dev/null && command -v git >/dev/null || { echo NEEDS; exit 4; }
+test -w /workspace || { echo NOT-WRITABLE; exit 3; }
+set -e
 cd /workspace
 git init -q
 git fetch -q --no-tags "$IN/base.bundle" "$REF:refs/heads/$BRANCH"
@@ -50,10 +50,11 @@ git checkout -q -f "$BRANCH"
 if [ -d "$IN/include" ]; then cp -an "$IN/include/." . ; fi
 rm -rf "$IN"
 """
-# Commit every change; print how many commits HEAD is ahead of $START (x: HEAD unusable).
-# Like the host's commits of a worktree: no hooks, fsmonitor or filter drivers run (a run's own
-# config could make its export fail or lie about its files).
-COMMIT = r"""cd /workspace || { echo x; exit 0; }
+# Commit every change (message on stdin), like the host's commits of a worktree: no hooks,
+# fsmonitor or filter drivers run (a run's own config could make its export fail or lie
+# about its files). Then say on stderr how many commits HEAD is past $START
+# ("orch-ahead=x": HEAD unusable) and, when there are some, stream them as a bundle.
+EXPORT = r"""cd /workspace || { echo orch-ahead=x >&2; exit 0; }
 off=(-c core.hooksPath=/dev/null -c core.fsmonitor=false -c commit.gpgSign=false)
 while read -r key _; do
   name=${key#filter.}; name=${name%.*}
@@ -70,8 +71,20 @@ if ! g add -A 2>/dev/null; then
 fi
 g diff --cached --quiet --no-ext-diff --no-textconv --ignore-submodules=dirty 2>/dev/null \
   || g commit --no-verify -q --cleanup=whitespace -F - >/dev/null 2>&1
-g rev-list --count "$START..HEAD" 2>/dev/null || echo x
+n=$(g rev-list --count "$START..HEAD" 2>/dev/null) || n=x
+echo "orch-ahead=$n" >&2
+case "$n" in x|0) exit 0 ;; esac
+exec git -c core.hooksPath=/dev/null bundle create -q - HEAD "^$START"
 """
+
+
+def ahead_of(stderr: bytes) -> int | None:
+    """The count EXPORT reported, None when the repository was unusable."""
+    for line in reversed(stderr.decode("utf-8", "replace").splitlines()):
+        if line.startswith("orch-ahead="):
+            value = line.removeprefix("orch-ahead=")
+            return int(value) if value.isdigit() else None
+    return None
 
 
 @dataclass
@@ -181,18 +194,13 @@ def write_archive(
 
 
 async def unpack(repo: RepoPaths, bundle: Path) -> str:
-    """Check the bundle against ``repo``, unpack its objects, return its one head commit."""
-    verified = await git("bundle", "verify", "-q", str(bundle), repo=repo, check=False)
-    if verified.code != 0:
-        raise OrchError(
-            f"the sandbox's work is not a valid bundle: {first_line(verified.err or verified.out)}"
-        )
-    heads = await git("bundle", "list-heads", str(bundle), repo=repo)
-    tips = [line.split()[0] for line in heads.out.splitlines() if line.strip()]
+    """Unpack the bundle's objects into ``repo`` (``unbundle`` checks that its prerequisites
+    are there) and return its one head; refs are moved by the caller (``update-ref`` of a
+    branch refuses anything but a commit)."""
+    got = await git("bundle", "unbundle", str(bundle), repo=repo, check=False)
+    if got.code != 0:
+        raise OrchError(f"the sandbox's work is not a valid bundle: {first_line(got.err)}")
+    tips = [line.split()[0] for line in got.out.splitlines() if line.strip()]
     if len(tips) != 1 or not _SHA.match(tips[0]):
         raise OrchError(f"the sandbox's bundle names {len(tips)} heads; expected one")
-    await git("bundle", "unbundle", str(bundle), repo=repo)
-    kind = await git("cat-file", "-t", tips[0], repo=repo, check=False)
-    if kind.out.strip() != "commit":
-        raise OrchError("the sandbox's bundle head is not a commit")
     return tips[0]
