@@ -157,6 +157,7 @@ class SandboxSettings(BaseModel):
     tmp_size: str = "512m"
     home: str = "/home/agent"
     home_size: str = "256m"
+    workspace_size: str = "1g"  # /workspace is a tmpfs (counts against mem_limit)
     pids_limit: int = Field(default=256, ge=16)
     mem_limit: str = "2g"
     memswap_limit: str | None = None  # None: equal to mem_limit (no swap)

@@ -4,16 +4,18 @@ the host; its starting state goes in as data and its work comes out as data.
 One trust boundary: the host never opens, runs git in, or deletes anything in a tree the
 sandbox can write.
 
-- **Storage**: ``/workspace`` is the container's own anonymous volume (``pool.py``): no
-  host directory is mounted. (A tmpfs would cap its size but the engine cannot extract
-  an archive into a tmpfs under a read-only root, and it would count against the
-  memory limit; the volume goes with the container, also when the engine auto-removes
-  it at its TTL.)
+- **Storage**: no host directory is mounted. ``/workspace`` is a tmpfs of
+  ``sandbox.workspace_size`` (1 GiB) owned by the sandbox user: its size is capped, it
+  never touches the host's disk, and it is many times faster to check out into than a
+  volume here; its pages count against the container's memory limit. The engine cannot
+  extract an archive into a tmpfs under a read-only root, so the incoming archive goes
+  to ``/orch``, a small anonymous volume (removed with the container, also when the
+  engine auto-removes it at its TTL), emptied once the tree is set up.
 - **In**: the host bundles the starting commit from the user's repository (the run's
   working directory, resolved through ``repo.locate``; never a sandbox-writable dir),
   tars it with the ``.worktreeinclude`` files read from the *user's* tree by safefs,
-  and ``put_archive``\\ s it into ``/workspace/.orch-in``; git in the container clones
-  it into ``/workspace`` on branch ``orch/<agent>/<id>``.
+  and ``put_archive``\\ s it into ``/orch/in``; git in the container clones it into
+  ``/workspace`` on branch ``orch/<agent>/<id>``.
 - **Tools** run inside (:mod:`.boxruntime`, :mod:`.inbox`); ``bash`` is a docker exec.
 - **Out**: at close (also on cancel: shielded) git in the container commits every change
   as ``orch <agent> <orch@localhost>`` with ``orch-run``/``orch-status`` trailers and
@@ -48,6 +50,7 @@ from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
 from .pool import (
     MANAGED,
+    STAGE,
     WORKSPACE,
     claim_warm,
     create_container,
@@ -68,7 +71,8 @@ from .transfer import (
     SETUP,
     Staging,
     ahead_of,
-    bundle_commit,
+    base_bundle,
+    bundle_ref,
     include_files,
     unpack,
     untracked,
@@ -290,8 +294,7 @@ class ContainerWorkspace:
         """The archive to put into /workspace (bundle + includes), in a host temp dir."""
         staging = await asyncio.to_thread(Staging)
         try:
-            bundle = staging.path("base.bundle")
-            await bundle_commit(self.main, self.start, bundle, self._in_ref)
+            bundle = await base_bundle(self.main, self.start)
             include = self.spec.options.get("include") or []
             patterns = [include] if isinstance(include, str) else list(include)
             files = await asyncio.to_thread(include_files, self.main.main_root, patterns)
@@ -306,27 +309,22 @@ class ContainerWorkspace:
             raise
         return archive, staging
 
-    @property
-    def _in_ref(self) -> str:
-        return f"refs/orch/in/{self.spec.run_id}"
-
     async def _fill(self, archive: Path) -> None:
         assert self.box is not None
 
         def put() -> None:
             with docker_errors(self.cfg.image), archive.open("rb") as f:
-                self._client.api.put_archive(self.container_id, WORKSPACE, f)
+                self._client.api.put_archive(self.container_id, STAGE, f)
 
         await asyncio.to_thread(put)
-        env = {"IN": f"{WORKSPACE}/{INBOX}", "REF": self._in_ref, "BRANCH": self.branch}
+        env = {"IN": f"{STAGE}/{INBOX}", "REF": bundle_ref(self.start), "BRANCH": self.branch}
         made = await self.box.call(["sh", "-c", SETUP], out_cap=65536, timeout_s=600, env=env)
         if b"NEEDS" in made.out:
             raise OrchError(NEEDS)
         if b"NOT-WRITABLE" in made.out:
             raise OrchError(
                 f"the sandbox user {self.uid}:{self.gid} cannot write {WORKSPACE} in image "
-                f"{self.cfg.image}: unset sandbox.user, or build the image with {WORKSPACE} "
-                "owned by that user"
+                f"{self.cfg.image}; check sandbox.user and the image"
             )
         if made.code != 0:
             detail = (made.err or made.out).decode("utf-8", "replace").strip().splitlines()
@@ -438,9 +436,8 @@ class ContainerWorkspace:
                         self.spec.run_id, "container", self.container_id
                     )
         if self.main is not None:
-            for ref in (self._checkpoint_ref, self._in_ref):
-                if ref:
-                    await git("update-ref", "-d", ref, repo=self.main, check=False)
+            if self._checkpoint_ref:
+                await git("update-ref", "-d", self._checkpoint_ref, repo=self.main, check=False)
         if self._counted:
             self._counted = False
             left = _PER_CHAIN.get(self.spec.chain_id, 1) - 1

@@ -1,7 +1,7 @@
 """The Docker engine helpers of the container tier, and the warm pool of started containers.
 
-A sandbox container shares no host directory: its ``/workspace`` is an anonymous volume
-of its own, filled with data (a git bundle, ``.worktreeinclude`` copies) when a run
+A sandbox container shares no host directory: its ``/workspace`` is a tmpfs of its own,
+filled with data (a git bundle, ``.worktreeinclude`` copies) when a run
 claims it (``container.py``). So a container can be started before its run is known:
 :class:`ContainerPool` keeps ``pool_size`` of them started, and a ``ContainerWorkspace``
 opened while the pool is open claims one in milliseconds instead of starting one
@@ -33,6 +33,7 @@ from ..errors import OrchError, UsageError
 from .worktree import await_shielded
 
 WORKSPACE = "/workspace"
+STAGE = "/orch"  # an anonymous volume: put_archive cannot write a tmpfs under a read-only root
 MANAGED = "orch.managed"
 TMPFS = "rw,nosuid,nodev,exec"  # Docker makes tmpfs noexec unless told
 DEFAULT_IMAGE = SandboxSettings().image
@@ -147,9 +148,10 @@ def create_container(
 ) -> str:
     """Create (not start) a locked-down container; returns its id (blocking).
 
-    No host directory is mounted: ``/workspace`` is an anonymous volume of its own (removed
-    with the container, also by the engine's auto-remove when its TTL ends), ``/tmp`` and
-    ``$HOME`` are tmpfs, the root filesystem is read-only.
+    No host directory is mounted: ``/workspace``, ``/tmp`` and ``$HOME`` are tmpfs (the
+    workspace owned by the sandbox user), ``/orch`` (where the run's starting state is put)
+    an anonymous volume removed with the container (also by the engine's auto-remove when
+    its TTL ends); the root filesystem is read-only.
     """
     api = client.api
     host = api.create_host_config(
@@ -158,6 +160,7 @@ def create_container(
         memswap_limit=cfg.memswap_limit or cfg.mem_limit, nano_cpus=int(cfg.cpus * 1e9),
         init=cfg.init, auto_remove=True,
         tmpfs={"/tmp": f"{TMPFS},size={cfg.tmp_size},mode=1777",
+               WORKSPACE: f"{TMPFS},size={cfg.workspace_size},uid={uid},gid={gid},mode=0755",
                cfg.home: f"{TMPFS},size={cfg.home_size},uid={uid},gid={gid},mode=0700"},
     )  # fmt: skip
     env = {"PATH": cfg.path, "HOME": cfg.home, "LANG": "C.UTF-8", "GIT_CONFIG_COUNT": "1",
@@ -168,7 +171,7 @@ def create_container(
         made = api.create_container(
             cfg.image, ["sleep", str(cfg.ttl_s)], user=f"{uid}:{gid}", working_dir=WORKSPACE,
             environment=env, labels=labels, host_config=host, hostname="sandbox",
-            volumes=[WORKSPACE],
+            volumes=[STAGE],
         )  # fmt: skip
     return str(made["Id"])
 

@@ -4,7 +4,8 @@ In: the host bundles the run's starting commit from the user's repository (found
 the run record's working directory, never from a tree a sandbox writes) with the hardened
 git of :mod:`orchestrator.git`, and tars it, with the included files read from the
 *user's* tree through :mod:`orchestrator.safefs`, into a host-owned temp file that the
-engine extracts into the container (``put_archive``).
+engine extracts into the container's staging volume ``/orch`` (``put_archive``); git in
+the container clones it into ``/workspace``.
 
 Out: the container's work arrives as a bundle stream (``git bundle create -``) written
 to a host-owned temp file, capped at ``sandbox.bundle_max_bytes``; the host checks it
@@ -16,8 +17,11 @@ Refs are then moved with ``update-ref`` by the caller.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import hashlib
 import io
+import os
 import re
 import shutil
 import tarfile
@@ -31,7 +35,7 @@ from ..git import RepoPaths, first_line, git
 from ..safefs import Beneath, TooManyEntries, UnsafePath
 
 INCLUDE_FILE = ".worktreeinclude"
-INBOX = ".orch-in"  # the staging directory in /workspace, removed once the tree is set up
+INBOX = "in"  # its directory in the archive (owned by the sandbox user), emptied after setup
 INCLUDE_FILE_MAX = 10 * 1024 * 1024  # one included file; larger ones are skipped
 INCLUDE_TOTAL_MAX = 64 * 1024 * 1024
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
@@ -48,7 +52,7 @@ git init -q
 git fetch -q --no-tags "$IN/base.bundle" "$REF:refs/heads/$BRANCH"
 git checkout -q -f "$BRANCH"
 if [ -d "$IN/include" ]; then cp -an "$IN/include/." . ; fi
-rm -rf "$IN"
+find "$IN" -mindepth 1 -delete
 """
 # Commit every change (message on stdin), like the host's commits of a worktree: no hooks,
 # fsmonitor or filter drivers run (a run's own config could make its export fail or lie
@@ -124,7 +128,7 @@ def include_files(user_tree: Path, patterns: Iterable[str]) -> dict[str, bytes]:
                 except (ValueError, UnsafePath, TooManyEntries):
                     continue
                 for rel in rels:
-                    if rel in found or rel.split("/")[0] in (".git", ".orch", INBOX):
+                    if rel in found or rel.split("/")[0] in (".git", ".orch"):
                         continue
                     try:
                         data, size = fs.read(rel, INCLUDE_FILE_MAX)
@@ -148,6 +152,45 @@ async def untracked(repo: RepoPaths, rels: list[str]) -> list[str]:
     return [r for r in rels if r not in tracked]
 
 
+_BUNDLES: dict[tuple[str, str], Path] = {}  # (common dir, commit) -> bundle file
+_LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
+_CACHE_DIR: list[Path] = []
+BUNDLE_CACHE = 16
+
+
+def _cache_dir() -> Path:
+    if not _CACHE_DIR:
+        made = Path(tempfile.mkdtemp(prefix="orch-bundles-"))
+        atexit.register(shutil.rmtree, made, True)
+        _CACHE_DIR.append(made)
+    return _CACHE_DIR[0]
+
+
+def bundle_ref(commit: str) -> str:
+    """The name the starting commit has in its bundle (and, briefly, in the repository)."""
+    return f"refs/orch/in/{os.getpid()}-{commit}"
+
+
+async def base_bundle(repo: RepoPaths, commit: str) -> Path:
+    """A bundle of ``commit`` (all its history) under :func:`bundle_ref`, made once per
+    repository and commit in this process (children fanned out from one base share it);
+    host-owned, in a 0700 temp dir."""
+    key = (str(repo.common_dir), commit)
+    async with _LOCKS.setdefault(key, asyncio.Lock()):
+        found = _BUNDLES.get(key)
+        if found is not None and found.is_file():
+            return found
+        name = hashlib.sha256("\0".join(key).encode()).hexdigest()[:32]
+        path = _cache_dir() / f"{name}.bundle"
+        tmp = path.with_suffix(".tmp")
+        await bundle_commit(repo, commit, tmp, bundle_ref(commit))
+        tmp.replace(path)
+        _BUNDLES[key] = path
+        while len(_BUNDLES) > BUNDLE_CACHE:
+            _BUNDLES.pop(next(iter(_BUNDLES))).unlink(missing_ok=True)
+        return path
+
+
 async def bundle_commit(repo: RepoPaths, commit: str, dest: Path, ref: str) -> None:
     """``dest``: a bundle of ``commit`` (all its history) under the name ``ref``."""
     await git("update-ref", ref, commit, repo=repo)
@@ -166,7 +209,7 @@ def _dir(name: str, uid: int, gid: int) -> tarfile.TarInfo:
 def write_archive(
     dest: Path, bundle: Path, includes: dict[str, bytes], uid: int, gid: int
 ) -> dict[str, str]:
-    """The tar put into ``/workspace``: ``.orch-in/base.bundle`` and ``.orch-in/include/…``,
+    """The tar put into ``/orch``: ``in/base.bundle`` and ``in/include/…``,
     owned by the sandbox user. Returns the sha256 of each include. Blocking."""
     digests: dict[str, str] = {}
     made: set[str] = set()
