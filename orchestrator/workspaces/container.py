@@ -4,18 +4,17 @@ the host; its starting state goes in as data and its work comes out as data.
 One trust boundary: the host never opens, runs git in, or deletes anything in a tree the
 sandbox can write.
 
-- **Storage**: no host directory is mounted. ``/workspace`` is a tmpfs of
-  ``sandbox.workspace_size`` (1 GiB) owned by the sandbox user: its size is capped, it
-  never touches the host's disk, and it is many times faster to check out into than a
-  volume here; its pages count against the container's memory limit. The engine cannot
-  extract an archive into a tmpfs under a read-only root, so the incoming archive goes
-  to ``/orch``, a small anonymous volume (removed with the container, also when the
-  engine auto-removes it at its TTL), emptied once the tree is set up.
+- **Storage**: no host directory (and no volume) is mounted. ``/workspace`` is a tmpfs
+  of ``sandbox.workspace_size`` (1 GiB) owned by the sandbox user: its size is capped,
+  it never touches the host's disk, it goes with the container whatever happens, and a
+  checkout into it is many times faster than into a volume; its pages count against
+  the container's memory limit. (An anonymous volume would take ``put_archive``, which
+  cannot write a tmpfs under a read-only root, but is disk-backed and uncapped.)
 - **In**: the host bundles the starting commit from the user's repository (the run's
   working directory, resolved through ``repo.locate``; never a sandbox-writable dir),
   tars it with the ``.worktreeinclude`` files read from the *user's* tree by safefs,
-  and ``put_archive``\\ s it into ``/orch/in``; git in the container clones it into
-  ``/workspace`` on branch ``orch/<agent>/<id>``.
+  and streams the archive on the stdin of one docker exec that unpacks it and clones it
+  into ``/workspace`` on branch ``orch/<agent>/<id>``.
 - **Tools** run inside (:mod:`.boxruntime`, :mod:`.inbox`); ``bash`` is a docker exec.
 - **Out**: at close (also on cancel: shielded) git in the container commits every change
   as ``orch <agent> <orch@localhost>`` with ``orch-run``/``orch-status`` trailers and
@@ -50,7 +49,6 @@ from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
 from .pool import (
     MANAGED,
-    STAGE,
     WORKSPACE,
     claim_warm,
     create_container,
@@ -66,7 +64,6 @@ from .pool import (
 from .settle import commit_env, commit_message
 from .transfer import (
     EXPORT,
-    INBOX,
     NEEDS,
     SETUP,
     Staging,
@@ -311,14 +308,10 @@ class ContainerWorkspace:
 
     async def _fill(self, archive: Path) -> None:
         assert self.box is not None
-
-        def put() -> None:
-            with docker_errors(self.cfg.image), archive.open("rb") as f:
-                self._client.api.put_archive(self.container_id, STAGE, f)
-
-        await asyncio.to_thread(put)
-        env = {"IN": f"{STAGE}/{INBOX}", "REF": bundle_ref(self.start), "BRANCH": self.branch}
-        made = await self.box.call(["sh", "-c", SETUP], out_cap=65536, timeout_s=600, env=env)
+        env = {"REF": bundle_ref(self.start), "BRANCH": self.branch}
+        made = await self.box.call(
+            ["sh", "-c", SETUP], archive, out_cap=65536, timeout_s=600, env=env
+        )
         if b"NEEDS" in made.out:
             raise OrchError(NEEDS)
         if b"NOT-WRITABLE" in made.out:

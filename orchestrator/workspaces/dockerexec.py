@@ -118,6 +118,20 @@ class CallResult:
     timed_out: bool = False
 
 
+def _send(sock: Any, stdin: bytes | Path) -> None:
+    """Write stdin and close it; a program that exits without reading it all is no error."""
+    try:
+        if isinstance(stdin, Path):
+            with stdin.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    sock.sendall(chunk)
+        elif stdin:
+            sock.sendall(stdin)
+        sock.shutdown(socket.SHUT_WR)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 def _recv_exact(sock: Any, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -208,10 +222,11 @@ class Sandbox:
     # -- programs with stdin and a capped stdout -----------------------------------------
 
     async def call(
-        self, argv: Sequence[str], stdin: bytes = b"", *, out_cap: int, timeout_s: float,
+        self, argv: Sequence[str], stdin: bytes | Path = b"", *, out_cap: int, timeout_s: float,
         env: Mapping[str, str] | None = None, out_file: IO[bytes] | None = None,
     ) -> CallResult:  # fmt: skip
-        """Run ``argv`` in ``/workspace`` with ``stdin``; stdout kept (or written to
+        """Run ``argv`` in ``/workspace`` with ``stdin`` (bytes, or a host file orch owns,
+        streamed); stdout kept (or written to
         ``out_file``) up to ``out_cap`` bytes, stderr up to 64 KiB. Past the cap or the
         timeout the program's process group is killed. Runs in a thread: a cancel waits
         for it (it is bounded by ``timeout_s``)."""
@@ -224,7 +239,7 @@ class Sandbox:
         )
 
     def _call_sync(
-        self, argv: list[str], stdin: bytes, out_cap: int, timeout_s: float,
+        self, argv: list[str], stdin: bytes | Path, out_cap: int, timeout_s: float,
         env: dict[str, str], out_file: IO[bytes] | None,
     ) -> CallResult:  # fmt: skip
         api, cid = self.client.api, self.container_id
@@ -239,9 +254,7 @@ class Sandbox:
         seen, overflow, timed_out = 0, False, False
         try:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
-            if stdin:
-                sock.sendall(stdin)
-            sock.shutdown(socket.SHUT_WR)
+            _send(sock, stdin)
             while True:
                 sock.settimeout(max(0.05, deadline - time.monotonic()))
                 header = _recv_exact(sock, 8)

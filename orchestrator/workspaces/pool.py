@@ -33,7 +33,6 @@ from ..errors import OrchError, UsageError
 from .worktree import await_shielded
 
 WORKSPACE = "/workspace"
-STAGE = "/orch"  # an anonymous volume: put_archive cannot write a tmpfs under a read-only root
 MANAGED = "orch.managed"
 TMPFS = "rw,nosuid,nodev,exec"  # Docker makes tmpfs noexec unless told
 DEFAULT_IMAGE = SandboxSettings().image
@@ -148,10 +147,9 @@ def create_container(
 ) -> str:
     """Create (not start) a locked-down container; returns its id (blocking).
 
-    No host directory is mounted: ``/workspace``, ``/tmp`` and ``$HOME`` are tmpfs (the
-    workspace owned by the sandbox user), ``/orch`` (where the run's starting state is put)
-    an anonymous volume removed with the container (also by the engine's auto-remove when
-    its TTL ends); the root filesystem is read-only.
+    No host directory (and no volume) is mounted: ``/workspace``, ``/tmp`` and ``$HOME``
+    are tmpfs (the workspace owned by the sandbox user, ``sandbox.workspace_size``); the
+    root filesystem is read-only.
     """
     api = client.api
     host = api.create_host_config(
@@ -171,7 +169,6 @@ def create_container(
         made = api.create_container(
             cfg.image, ["sleep", str(cfg.ttl_s)], user=f"{uid}:{gid}", working_dir=WORKSPACE,
             environment=env, labels=labels, host_config=host, hostname="sandbox",
-            volumes=[STAGE],
         )  # fmt: skip
     return str(made["Id"])
 

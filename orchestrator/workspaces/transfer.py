@@ -3,9 +3,10 @@
 In: the host bundles the run's starting commit from the user's repository (found from
 the run record's working directory, never from a tree a sandbox writes) with the hardened
 git of :mod:`orchestrator.git`, and tars it, with the included files read from the
-*user's* tree through :mod:`orchestrator.safefs`, into a host-owned temp file that the
-engine extracts into the container's staging volume ``/orch`` (``put_archive``); git in
-the container clones it into ``/workspace``.
+*user's* tree through :mod:`orchestrator.safefs`, into a host-owned temp file streamed
+to the container on the stdin of one ``docker exec`` (the engine's ``put_archive`` cannot
+write a tmpfs under a read-only root), where ``tar`` unpacks it and git clones it into
+``/workspace``.
 
 Out: the container's work arrives as a bundle stream (``git bundle create -``) written
 to a host-owned temp file, capped at ``sandbox.bundle_max_bytes``; the host checks it
@@ -35,7 +36,6 @@ from ..git import RepoPaths, first_line, git
 from ..safefs import Beneath, TooManyEntries, UnsafePath
 
 INCLUDE_FILE = ".worktreeinclude"
-INBOX = "in"  # its directory in the archive (owned by the sandbox user), emptied after setup
 INCLUDE_FILE_MAX = 10 * 1024 * 1024  # one included file; larger ones are skipped
 INCLUDE_TOTAL_MAX = 64 * 1024 * 1024
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
@@ -43,16 +43,19 @@ _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 # -- the scripts git runs inside the container (as the sandbox user) ------------------------
 
 NEEDS = "the sandbox image needs python3 and git; run `orch sandbox build`"
-# POSIX sh (any image has one): check the image, then clone the bundle into /workspace.
+# POSIX sh (any image has one): check the image, unpack the archive from stdin, clone the
+# bundle into /workspace, copy the includes in.
 SETUP = r"""command -v python3 >/dev/null && command -v git >/dev/null || { echo NEEDS; exit 4; }
 test -w /workspace || { echo NOT-WRITABLE; exit 3; }
 set -e
+IN=$(mktemp -d /workspace/.orch-in.XXXXXX)
+tar -x -C "$IN" -f -
 cd /workspace
 git init -q
-git fetch -q --no-tags "$IN/base.bundle" "$REF:refs/heads/$BRANCH"
+git fetch -q --no-tags "$IN/in/base.bundle" "$REF:refs/heads/$BRANCH"
 git checkout -q -f "$BRANCH"
-if [ -d "$IN/include" ]; then cp -an "$IN/include/." . ; fi
-find "$IN" -mindepth 1 -delete
+if [ -d "$IN/in/include" ]; then cp -an "$IN/in/include/." . ; fi
+rm -rf "$IN"
 """
 # Commit every change (message on stdin), like the host's commits of a worktree: no hooks,
 # fsmonitor or filter drivers run (a run's own config could make its export fail or lie
@@ -209,24 +212,24 @@ def _dir(name: str, uid: int, gid: int) -> tarfile.TarInfo:
 def write_archive(
     dest: Path, bundle: Path, includes: dict[str, bytes], uid: int, gid: int
 ) -> dict[str, str]:
-    """The tar put into ``/orch``: ``in/base.bundle`` and ``in/include/…``,
+    """The tar SETUP unpacks: ``in/base.bundle`` and ``in/include/…``,
     owned by the sandbox user. Returns the sha256 of each include. Blocking."""
     digests: dict[str, str] = {}
     made: set[str] = set()
     with tarfile.open(dest, "w") as tar:
-        tar.addfile(_dir(INBOX, uid, gid))
-        info = tar.gettarinfo(str(bundle), f"{INBOX}/base.bundle")
+        tar.addfile(_dir("in", uid, gid))
+        info = tar.gettarinfo(str(bundle), "in/base.bundle")
         info.uid, info.gid, info.mode, info.uname, info.gname = uid, gid, 0o644, "", ""
         with bundle.open("rb") as f:
             tar.addfile(info, f)
         for rel, data in sorted(includes.items()):
             parts = rel.split("/")
             for i in range(len(parts)):
-                name = "/".join([INBOX, "include", *parts[:i]])
+                name = "/".join(["in", "include", *parts[:i]])
                 if name not in made:
                     made.add(name)
                     tar.addfile(_dir(name, uid, gid))
-            file = tarfile.TarInfo(f"{INBOX}/include/{rel}")
+            file = tarfile.TarInfo(f"in/include/{rel}")
             file.size, file.mode, file.uid, file.gid = len(data), 0o644, uid, gid
             tar.addfile(file, io.BytesIO(data))
             digests[rel] = hashlib.sha256(data).hexdigest()
