@@ -379,27 +379,42 @@ class ContainerWorkspace:
         )
         tip = await self._export(message)
         main, branch = self.main, self.branch
+        known: dict[str, str] = {}
         if tip is not None:
-            current = await rev(f"refs/heads/{branch}", main)
-            if current is None and self.continued is None:
-                await git("update-ref", f"refs/heads/{branch}", tip, "0" * 40, repo=main)
-            elif current is not None and await is_ancestor(main, current, tip):
-                await git("update-ref", f"refs/heads/{branch}", tip, current, repo=main)
-            else:  # the branch moved meanwhile, or the run rewrote it: keep both
+            known[branch] = tip
+            if not await self._move(branch, tip):  # moved meanwhile, or rewritten: keep both
                 branch = f"{branch}-head"
+                known = {branch: tip}
                 await git("update-ref", f"refs/heads/{branch}", tip, repo=main)
-        self._artifacts = await self._artifacts_of([self.branch, branch])
+        self._artifacts = await self._artifacts_of([self.branch, branch], known)
 
-    async def _artifacts_of(self, branches: list[str]) -> list[dict[str, Any]]:
+    async def _move(self, branch: str, tip: str) -> bool:
+        """Point ``branch`` at ``tip``: a new branch only if nobody made it meanwhile, a
+        continued one only forward (compare-and-swap). False when it could not."""
+        ref, main = f"refs/heads/{branch}", self.main
+        if self.continued is None:
+            made = await git("update-ref", ref, tip, "0" * 40, repo=main, check=False)
+            return made.code == 0
+        current = await rev(ref, main)
+        if current is None or not await is_ancestor(main, current, tip):
+            return False
+        moved = await git("update-ref", ref, tip, current, repo=main, check=False)
+        return moved.code == 0
+
+    async def _artifacts_of(
+        self, branches: list[str], known: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """Branch artifacts (measured from the base) of the branches with work on them."""
         out: list[dict[str, Any]] = []
         for name in dict.fromkeys(branches):
-            commit = await rev(f"refs/heads/{name}", self.main)
+            commit = known.get(name) or await rev(f"refs/heads/{name}", self.main)
             if commit is None:
                 continue
-            ahead = await git("rev-list", "--count", f"{self.base_commit}..{commit}",
-                              repo=self.main)  # fmt: skip
-            if int(ahead.out.strip() or 0) == 0:
-                continue
+            if name not in known or self.base_commit != self.start:
+                ahead = await git("rev-list", "--count", f"{self.base_commit}..{commit}",
+                                  repo=self.main)  # fmt: skip
+                if int(ahead.out.strip() or 0) == 0:
+                    continue
             files, ins, dels = await diff_stats(self.main, self.base_commit, commit)
             out.append({"kind": "branch", "branch": name, "base": self.base_commit,
                         "commit": commit, "files_changed": files, "insertions": ins,
