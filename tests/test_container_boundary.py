@@ -23,6 +23,7 @@ from orchestrator.branches import merge
 from orchestrator.config import SandboxSettings
 from orchestrator.errors import UsageError
 from orchestrator.run import RunRecord, RunStatus
+from orchestrator.team import run_team
 from orchestrator.workspaces import inbox
 from orchestrator.workspaces.boxruntime import parse_reply
 from orchestrator.workspaces.container import ContainerConfig
@@ -340,3 +341,30 @@ def test_containers_per_chain_and_bundle_size_are_capped(repo: Path, sandbox_ima
     assert rec.status == RunStatus.FAILED and "sandbox.bundle_max_bytes" in (rec.error or "")
     assert sh(repo, "branch", "--list", "orch/*") == "" and leftovers(repo) == []
     assert not labelled(f"orch.run_id={rec.run_id}")
+
+
+# -- a team in containers ----------------------------------------------------------------------
+
+
+def test_a_container_team_writes_and_reviews_in_containers(repo: Path, sandbox_image: str) -> None:
+    approve = json.dumps({"verdict": "approve", "summary": "ok", "comments": []})
+    script = {"conversations": [
+        {"agent": "writer", "turns": [
+            {"tool_calls": [bash("echo 'def add(a, b):\n    return a + b' > calc.py && pwd")]},
+            {"expect_result": "/workspace", "text": "wrote calc.py"},
+        ]},
+        {"agent": "reviewer", "turns": [
+            {"tool_calls": [{"tool": "read_file", "input": {"path": "/workspace/calc.py"}}]},
+            {"expect_result": "return a", "text": "```json\n" + approve + "\n```"},
+        ]},
+    ]}  # fmt: skip
+    h = boxed(repo, script, image=sandbox_image)
+    result = asyncio.run(
+        run_team(h.runner, prompt="add", workdir=repo, isolation="container", merge=True)
+    )
+    assert result.approved and result.merged, result.error
+    kids = h.runs(result.chain_id)[1:]
+    assert [(k.agent, k.isolation) for k in kids] == [("writer", "container"),
+                                                       ("reviewer", "container")]  # fmt: skip
+    assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert sh(repo, "worktree", "list").count("\n") == 0 and leftovers(repo) == []
