@@ -368,3 +368,20 @@ def test_a_container_team_writes_and_reviews_in_containers(repo: Path, sandbox_i
                                                        ("reviewer", "container")]  # fmt: skip
     assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     assert sh(repo, "worktree", "list").count("\n") == 0 and leftovers(repo) == []
+
+
+def test_hooks_of_a_container_run_run_in_the_users_checkout(
+    repo: Path, sandbox_image: str, tmp_path: Path
+) -> None:
+    seen = tmp_path / "hook-cwd"
+    script = {"conversations": [{"turns": [
+        {"tool_calls": [bash("echo hi")]},
+        {"text": "done"},
+    ]}]}  # fmt: skip
+    hook = {"matcher": "^bash$", "command": f"pwd > {seen}; cat > {seen}.json"}
+    h = harness(repo, script, sandbox=SandboxSettings(image=sandbox_image),
+                hooks={"PreToolUse": [hook]})  # fmt: skip
+    rec = h.run("hooked", isolation="container")
+    assert rec.status == RunStatus.SUCCEEDED, rec.error
+    assert seen.read_text().strip() == str(repo)  # never a tree the sandbox writes
+    assert json.loads(Path(f"{seen}.json").read_text())["cwd"] == str(repo)
