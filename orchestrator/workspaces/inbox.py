@@ -48,6 +48,7 @@ GREP_LINE_CHARS = 300
 MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request line plus its data
 SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
 _MAX_DEPTH = 100
+PRUNE_MAX = 16 * 1024 * 1024  # an include copy is at most 10 MiB (transfer.INCLUDE_FILE_MAX)
 
 
 class Refused(Exception):
@@ -263,8 +264,8 @@ def prune(files: dict[str, str], root: str = ROOT) -> list[str]:
         try:
             path = resolve(rel, root)
             st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size > PRUNE_MAX:
+                continue  # a link, a directory, or too big to be an unchanged copy
             data, _ = read(rel, st.st_size + 1, root)
             if hashlib.sha256(data).hexdigest() == digest:
                 os.unlink(path)
