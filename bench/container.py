@@ -8,7 +8,13 @@ compared with the raw primitive measured in the same run, alternating which goes
 - warm-pool claim: enter while a :class:`ContainerPool` holds a started container
   (goal ≤ 50 ms); raw is the cold enter of the same run, for scale;
 - bash round trip: ``exec("true")`` (exec create/start/stream/inspect + group kill) vs
-  ``docker exec CONTAINER true`` (CLI), goal ≤ 1.2×.
+  ``docker exec CONTAINER true`` (CLI), goal ≤ 1.2×;
+- close of a 100-file change: the work committed inside the container, exported as a
+  bundle over docker exec, verified and unbundled into the repository and the branch
+  moved (``ContainerWorkspace._settle``) vs ``git add -A && git commit`` of the same
+  change in a plain worktree, goal ≤ 2×. Both sides wait 1.1 s (a model turn) between
+  checkout and change: files written in the second of the checkout are "racily clean"
+  to git, and its first ``add`` re-hashes them all (70-130 ms more in the container).
 
 Run: ``python bench/container.py`` (needs the engine and the image).
 """
@@ -38,6 +44,9 @@ FILES = 200
 COLD_RUNS = 10
 CLAIMS = 10
 EXECS = 30
+CLOSES = 5
+THINK_S = 1.1
+CHANGE = 'for i in $(seq 100); do echo "change $i" > pkg00/new$i.py; done'
 
 
 def _spec(repo: Path) -> WorkspaceSpec:
@@ -67,6 +76,46 @@ async def _cli(*args: str) -> float:
     return time.perf_counter() - t0
 
 
+async def _closes(repo: Path) -> tuple[list[float], list[float]]:
+    """Commit + export + import of a 100-file change, and the plain commit it replaces."""
+    closes: list[float] = []
+    raw: list[float] = []
+    for i in range(CLOSES):
+        _, ws = await _enter_once(repo)
+        await asyncio.sleep(THINK_S)  # a model turn: past git's racy-index second (both sides)
+        made = await ws.exec(CHANGE, timeout_s=60, env={})
+        assert made.exit_code == 0, made.output
+        t0 = time.perf_counter()
+        await ws._settle(RunOutcome("succeeded", "bench"))  # what the close does before removal
+        closes.append(time.perf_counter() - t0)
+        ws._ready = False
+        await ws.__aexit__(None, None, None)
+        await _git(repo, "branch", "-D", ws.branch)
+        tree = repo / ".orch" / f"bench-tree-{i}"
+        await _git(repo, "worktree", "add", "-q", "-b", f"bench/{i}", str(tree))
+        await asyncio.sleep(THINK_S)
+        await _cli_sh(CHANGE, tree)
+        t0 = time.perf_counter()
+        await _git(tree, "add", "-A")
+        await _git(tree, "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-q", "-m", "x")
+        raw.append(time.perf_counter() - t0)
+        await _git(repo, "worktree", "remove", "--force", str(tree))
+        await _git(repo, "branch", "-D", f"bench/{i}")
+    return closes, raw
+
+
+async def _git(cwd: Path, *args: str) -> None:
+    proc = await asyncio.create_subprocess_exec("git", *args, cwd=cwd,
+                                                stdout=asyncio.subprocess.DEVNULL)  # fmt: skip
+    if await proc.wait() != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed")
+
+
+async def _cli_sh(command: str, cwd: Path) -> None:
+    proc = await asyncio.create_subprocess_exec("bash", "-c", command, cwd=cwd)
+    await proc.wait()
+
+
 def _p(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -91,19 +140,20 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
             raw_run.append(await _cli("run", "--rm", "--network", "none", IMAGE, "true"))
         if i < COLD_RUNS - 1:
             await _close(ws)
-    assert ws is not None and ws.slot is not None
+    assert ws is not None
     execs: list[float] = []
     raw_exec: list[float] = []
     for i in range(EXECS):
         if i % 2:
-            raw_exec.append(await _cli("exec", ws.slot.container_id, "true"))
+            raw_exec.append(await _cli("exec", ws.container_id, "true"))
         t0 = time.perf_counter()
         result = await ws.exec("true", timeout_s=30, env={})
         execs.append(time.perf_counter() - t0)
         assert result.exit_code == 0, result.output
         if not i % 2:
-            raw_exec.append(await _cli("exec", ws.slot.container_id, "true"))
+            raw_exec.append(await _cli("exec", ws.container_id, "true"))
     await _close(ws)
+    closes, raw_closes = await _closes(repo)
     claims: list[float] = []
     async with ContainerPool(repo, SandboxSettings(image=IMAGE), size=1) as pool:
         for _ in range(CLAIMS):
@@ -118,6 +168,7 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
     r50 = statistics.median(raw_run) * ms
     e50, re50 = statistics.median(execs) * ms, statistics.median(raw_exec) * ms
     k50 = statistics.median(claims) * ms
+    x50, rx50 = statistics.median(closes) * ms, statistics.median(raw_closes) * ms
     return [
         _row(f"cold child ready vs `docker run --rm` (median of {COLD_RUNS})", c50, r50,
              "≤ 1.2×", c50 <= 1.2 * r50),
@@ -126,6 +177,8 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
              k50 <= 50),
         _row(f"bash round trip `true` vs `docker exec` CLI (median of {EXECS})", e50, re50,
              "≤ 1.2×", e50 <= 1.2 * re50),
+        _row(f"close of a 100-file change vs `git commit` in a worktree (median of {CLOSES})",
+             x50, rx50, "≤ 2×", x50 <= 2 * rx50),
     ]  # fmt: skip
 
 

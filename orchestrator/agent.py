@@ -61,6 +61,9 @@ class RunContext:
     notifications: list[str] = field(default_factory=list)
     # Tool calls (and waits for children) under way: a run busy with them is not stalled.
     inflight: int = 0
+    # Where hooks run on the host: the workspace's host directory (for a container, the
+    # user's checkout: a hook never runs in a tree a sandbox writes). None: ``root``.
+    host_root: Path | None = None
 
     @property
     def run_id(self) -> str:
@@ -81,6 +84,10 @@ class RunContext:
     @property
     def root(self) -> Path:
         return self.tool_ctx.runtime.root
+
+    @property
+    def hook_cwd(self) -> Path:
+        return self.host_root or self.root
 
 
 @dataclass
@@ -322,7 +329,7 @@ class AgentRun:
             "PreToolUse",
             name,
             payload,
-            cwd=ctx.root,
+            cwd=ctx.hook_cwd,
             env=ctx.env,
         )
         if pre.blocked:
@@ -344,7 +351,7 @@ class AgentRun:
                 "PostToolUse",
                 name,
                 {**payload, "tool_response": output.content[:10_000]},
-                cwd=ctx.root,
+                cwd=ctx.hook_cwd,
                 env=ctx.env,
             )
             if post.blocked:
@@ -360,5 +367,5 @@ class AgentRun:
             "chain_id": r.chain_id,
             "depth": r.depth,
             "agent": r.agent,
-            "cwd": str(self.ctx.root),
+            "cwd": str(self.ctx.hook_cwd),
         }

@@ -112,7 +112,7 @@ def reap(store: RunStore, run_id: str) -> list[str]:
 
             try:
                 remove_container(ref)
-                done.append(f"removed container {ref[:12]}")
+                done.append(f"removed container {ref[:12]} (the work in it is lost)")
             except OrchError as e:  # e.g. the engine is down: the container's TTL still ends it
                 done.append(f"could not remove container {ref[:12]}: {e}")
         store.release_resource(run_id, kind, ref)

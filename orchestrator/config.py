@@ -161,6 +161,7 @@ class SandboxSettings(BaseModel):
     tmp_size: str = "512m"
     home: str = "/home/agent"
     home_size: str = "256m"
+    workspace_size: str = "1g"  # /workspace is a tmpfs (counts against mem_limit)
     pids_limit: int = Field(default=256, ge=16)
     mem_limit: str = "2g"
     memswap_limit: str | None = None  # None: equal to mem_limit (no swap)
@@ -176,6 +177,8 @@ class SandboxSettings(BaseModel):
     shell: str = "bash"
     ttl_s: int = Field(default=6 * 3600, ge=10)  # the container's main process: sleep <ttl_s>
     pool_size: int = Field(default=0, ge=0)
+    max_per_chain: int = Field(default=8, ge=1)  # live containers of one chain; more: refused
+    bundle_max_bytes: int = Field(default=1024**3, ge=1024)  # a run's work taken back, at most
     # The host tiers (shared, worktree): bash under bubblewrap, or "off" (unsandboxed).
     os: Literal["bwrap", "off"] = "bwrap"
     hidden: list[str] = Field(default_factory=list)  # more secret paths hidden from commands

@@ -269,7 +269,7 @@ class ChildSpawner:
             "SubagentStop",
             ctx.record.agent,
             {"run_id": ctx.run_id, "agent": ctx.record.agent},
-            cwd=ctx.root,
+            cwd=ctx.hook_cwd,
             env=ctx.env,
         )
         if not stop.blocked:

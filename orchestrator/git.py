@@ -1,9 +1,10 @@
 """The one way orch runs git on the host, hardened against what a sandbox wrote.
 
-Host git runs on trees agents wrote (worktrees, also bind-mounted into containers) and
-on repository config an agent in a worktree could edit. Every git process orch starts
-is built by :func:`prepare` and run by :func:`git` (async), :func:`git_sync` or
-:func:`spawn_sync` (GitPython's adapter in :mod:`orchestrator.branches`):
+Host git runs on trees agents wrote (worktrees) and on repository config an agent in a
+worktree could edit; containers share no tree with the host (their work arrives as
+bundles, unpacked here). Every git process orch starts is built by :func:`prepare` and
+run by :func:`git` (async), :func:`git_sync` or :func:`spawn_sync` (GitPython's adapter
+in :mod:`orchestrator.branches`):
 
 - **environment from scratch**: ``PATH`` (absolute entries; git by absolute path),
   ``HOME`` = an empty directory orch owns, ``LANG/LC_ALL=C``, ``GIT_CONFIG_NOSYSTEM``,

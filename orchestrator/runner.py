@@ -285,20 +285,15 @@ class Runner:
             },
         )
         wspec = WorkspaceSpec(
-            run_id=record.run_id,
-            chain_id=record.chain_id,
-            agent=record.agent,
-            description=record.description,
-            base=spec.workdir,
-            sink=store,
-            options={
-                "include": self.settings.worktree_include,
-                "sandbox": self.settings.sandbox.model_dump(),
-                "network": definition.network or self.settings.network,
-                "extra_env": self.settings.extra_env,
-                "state_dir": str(self.state_dir(spec.workdir)),
-            },
-        )
+            run_id=record.run_id, chain_id=record.chain_id, agent=record.agent,
+            description=record.description, base=spec.workdir, sink=store,
+            options={"include": self.settings.worktree_include,
+                     "sandbox": self.settings.sandbox.model_dump(),
+                     "network": definition.network or self.settings.network,
+                     "extra_env": self.settings.extra_env,
+                     "state_dir": str(self.state_dir(spec.workdir)),
+                     "parent_run_id": record.parent_run_id},
+        )  # fmt: skip
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
         ctx: RunContext | None = None
         workspace: Workspace | None = None
@@ -335,6 +330,7 @@ class Runner:
                         skills=self.catalog.skills,
                     ),
                     notifications=notifications,
+                    host_root=ws.root,
                 )
                 try:
                     outcome = await self._guarded(ctx, spawner, driver)
@@ -371,7 +367,7 @@ class Runner:
                 "SubagentStart",
                 record.agent,
                 {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
-                cwd=ctx.root,
+                cwd=ctx.hook_cwd,
                 env=ctx.env,
             )
             if started.blocked:
@@ -466,17 +462,14 @@ class Runner:
         return done
 
     # -- around root runs ---------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def warm_pool(self, record: RunRecord) -> AsyncIterator[None]:
-        """Keep ``sandbox.pool_size`` containers started for the run's repository."""
+    def warm_pool(self, record: RunRecord) -> contextlib.AbstractAsyncContextManager[object]:
+        """Keep ``sandbox.pool_size`` containers started (a no-op at 0) around a root run."""
         if self.settings.sandbox.pool_size <= 0:
-            yield
-            return
+            return contextlib.nullcontext()
         from .workspaces.pool import ContainerPool
 
-        spec = RunSpec.model_validate(record.options["spec"])
-        async with ContainerPool(spec.workdir, self.settings.sandbox):
-            yield
+        workdir = RunSpec.model_validate(record.options["spec"]).workdir
+        return ContainerPool(workdir, self.settings.sandbox)
 
     @contextlib.asynccontextmanager
     async def supervised(self) -> AsyncIterator[None]:

@@ -10,8 +10,9 @@ every run goes through ``Runner.spawn`` and the runner writes every record.
    ``orch/<writer>/<id>`` made from the user's HEAD; its work is committed
    there when it ends.
 2. The reviewer gets ``git diff base..branch`` in its prompt and the branch
-   checked out read-only in a worktree of its own; it answers with a JSON
-   :class:`Verdict`. A malformed verdict is asked for once more (a new reviewer
+   checked out in a workspace of its own, in the writer's tier (a container writer's
+   branch is never checked out on the host), with read-only tools; it answers with a
+   JSON :class:`Verdict`. A malformed verdict is asked for once more (a new reviewer
    run, told what was wrong); a second malformed one fails the round.
 3. On ``changes_requested`` the writer goes on with the same branch (checked
    out again, new commits on top) and the review comments in its prompt.
@@ -359,7 +360,8 @@ class _Team:
         prompt, problem, seen = first, "", []
         for attempt in (1, 2):
             what = f"team round {n}: review" + (" (again)" if attempt == 2 else "")
-            rrec = await self._child(self.reviewer, prompt, what, "worktree", branch=branch)
+            # the writer's tier: a contained writer's branch is never checked out on the host
+            rrec = await self._child(self.reviewer, prompt, what, self.isolation, branch=branch)
             self._note(n, "reviewer", rrec)
             seen.append(rrec.run_id)
             if rrec.status != RunStatus.SUCCEEDED:

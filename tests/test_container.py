@@ -1,5 +1,6 @@
-"""Container isolation against the real Docker engine: lockdown, limits, files and git across the
-mount, cleanup after success / failure / cancel / SIGKILL, the warm pool, errors and the CLI.
+"""Container isolation against the real Docker engine: lockdown, limits, files and git inside the
+sandbox, work out as a branch, cleanup after success / failure / cancel / SIGKILL, the warm pool,
+errors and the CLI. The escape classes are in ``test_container_boundary.py``.
 
 Without a reachable engine the module is skipped, except under ``CI=true`` where it fails.
 """
@@ -34,7 +35,7 @@ from orchestrator.workspaces.container import (
     reap_by_label,
     remove_container,
 )
-from orchestrator.workspaces.pool import ContainerPool, create_container, make_slot, owner_labels
+from orchestrator.workspaces.pool import ContainerPool, create_container, owner_labels
 from tests.support import alive, harness, init_repo
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("hermetic_git")]
@@ -42,7 +43,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("hermetic_git")]
 ROOT = Path(__file__).resolve().parents[1]
 SANDBOX = "orch-sandbox:latest"
 BUSYBOX = "orch-test-busybox:latest"
-UID = 10001 if os.geteuid() == 0 else os.getuid()
+UID = 10001  # the sandbox user: sandbox.uid, whoever runs orch
 
 
 # -- engine and images -------------------------------------------------------------------
@@ -110,8 +111,16 @@ def labelled(label: str) -> list[str]:
 
 
 def leftovers(repo: Path) -> list[str]:
-    where = repo / ".orch" / "sandboxes"
-    return sorted(p.name for p in where.iterdir()) if where.is_dir() else []
+    """orch's leftovers in the repository: temp refs, worktrees, slot directories."""
+    refs = sh(repo, "for-each-ref", "--format=%(refname)", "refs/orch/").split()
+    trees = [p.name for p in (repo / ".orch").glob("*/*") if p.parent.name in ("worktrees",
+             "sandboxes")]  # fmt: skip
+    return sorted(refs + trees)
+
+
+def inside(container_id: str, command: str) -> str:
+    return subprocess.run(["docker", "exec", container_id, "sh", "-c", command],
+                          capture_output=True, text=True).stdout  # fmt: skip
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 30) -> None:
@@ -173,8 +182,7 @@ def test_lockdown_inside(repo: Path, sandbox_image: str, monkeypatch: pytest.Mon
             assert result.exit_code == 0, result.output
             client = docker_client()
             try:
-                assert ws.slot is not None
-                attrs = client.api.inspect_container(ws.slot.container_id)
+                attrs = client.api.inspect_container(ws.container_id)
             finally:
                 client.close()
             ws.set_outcome(RunOutcome("succeeded"))
@@ -198,6 +206,9 @@ def test_lockdown_inside(repo: Path, sandbox_image: str, monkeypatch: pytest.Mon
     assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in env_part
     assert "/host/evil" not in env_part and "LANG=C.UTF-8" in env_part
     host = attrs["HostConfig"]
+    # no host directory, no volume: the workspace is a size-capped tmpfs of its own
+    assert attrs["Mounts"] == [] and not host.get("Binds")
+    assert f"size=1g,uid={UID},gid={UID}" in host["Tmpfs"]["/workspace"]
     assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"] == ["no-new-privileges"] and host["ReadonlyRootfs"] is True
     assert host["Memory"] == host["MemorySwap"] == 2 * 1024**3
@@ -209,7 +220,7 @@ def test_lockdown_inside(repo: Path, sandbox_image: str, monkeypatch: pytest.Mon
     assert not labelled(f"orch.run_id={spec.run_id}")
 
 
-def test_files_and_git_shared_between_host_and_container(repo: Path, sandbox_image: str) -> None:
+def test_files_and_git_inside_the_container(repo: Path, sandbox_image: str) -> None:
     sink = RecordingSink()
     spec = spec_for(repo, sink, image=sandbox_image)
     config_before = (repo / ".git" / "config").read_bytes()
@@ -219,8 +230,9 @@ def test_files_and_git_shared_between_host_and_container(repo: Path, sandbox_ima
 
     async def body() -> ContainerWorkspace:
         async with ContainerWorkspace(spec) as ws:
-            (ws.root / "notes").mkdir()
-            (ws.root / "notes" / "host.txt").write_text("from the host\n")  # as write_file does
+            rt = ws.runtime()
+            assert str(rt.root) == "/workspace"
+            await rt.write_file("notes/host.txt", b"from the tool\n")
             r = await ws.exec(
                 "cat notes/host.txt && echo appended >> notes/host.txt && echo inside > made.txt"
                 " && mkdir -p pkg && echo 1 > pkg/x && chmod +x src/app.py && rm README.md"
@@ -228,42 +240,60 @@ def test_files_and_git_shared_between_host_and_container(repo: Path, sandbox_ima
                 timeout_s=30, env={},
             )  # fmt: skip
             assert r.exit_code == 0, r.output
-            assert "from the host" in r.output and "?? made.txt" in r.output
+            assert "from the tool" in r.output and "?? made.txt" in r.output
             assert " D README.md" in r.output and "init" in r.output
-            made = ws.root / "made.txt"
-            assert made.read_text() == "inside\n" and made.stat().st_uid == UID
-            assert (ws.root / "notes" / "host.txt").read_text() == "from the host\nappended\n"
+            got = await rt.read_file("notes/host.txt", max_bytes=1000)
+            assert got.data == b"from the tool\nappended\n" and got.size == len(got.data)
+            assert await rt.glob("**/*.py", limit=10) == (["src/app.py"], False)
+            assert await rt.grep("return", path=None, glob="*.py", limit=5) == [
+                "src/app.py:2:     return 42"
+            ]
             attack = await ws.exec(
-                f"for p in {common}/config {common}/hooks/x /orch/common/config"
-                " /orch/common/hooks/x /orch/common/HEAD; do (echo x >> $p) 2>/dev/null"
-                " && echo WROTE $p; done; git config --local core.fsmonitor x && echo CONFIG-SET;"
-                " rm -f .git && echo 'gitdir: /tmp/evil' > .git && echo REPLACED",
+                f"for p in {common}/config {common}/hooks/x {repo}/x; do (echo x >> $p)"
+                " 2>/dev/null && echo WROTE $p; done; git config core.fsmonitor 'touch /tmp/m'"
+                " && echo CONFIG-SET",
                 timeout_s=30, env={},
             )  # fmt: skip
-            assert "WROTE" not in attack.output and "CONFIG-SET" not in attack.output
-            assert "REPLACED" in attack.output  # it may break its own view of .git...
+            assert "WROTE" not in attack.output  # the host's repository is not there at all
+            assert "CONFIG-SET" in attack.output  # its own clone's config is its own
             ws.set_outcome(RunOutcome("succeeded", "container work"))
         return ws
 
     ws = asyncio.run(body())
-    # ...but not the host's: the main repo is unchanged and the work is committed on the branch
     assert (repo / ".git" / "config").read_bytes() == config_before
     assert sorted(p.name for p in (repo / ".git" / "hooks").iterdir()) == hooks_before
     assert sh(repo, "rev-parse", "HEAD") == head_before
     assert sh(repo, "status", "--porcelain") == ""
     assert (repo / "README.md").exists() and not (repo / "made.txt").exists()
     [art] = ws.artifacts()
+    assert art["base"] == head_before and art["files_changed"] == 5
     changed = sh(repo, "diff", "--name-status", head_before, art["branch"]).splitlines()
     assert sorted(changed) == sorted(
         ["D\tREADME.md", "A\tmade.txt", "A\tnotes/host.txt", "A\tpkg/x", "M\tsrc/app.py"]
     )
     assert sh(repo, "ls-tree", art["branch"], "src/app.py").startswith("100755")
-    # registered container first (so a reaper restores .git before salvaging), all released
-    kinds = [(e[0], e[1]) for e in sink.events]
-    assert kinds[:2] == [("register", "container"), ("register", "worktree")]
-    assert sorted(kinds[2:]) == [("release", "container"), ("release", "worktree")]
+    log = sh(repo, "log", "-1", "--format=%an <%ae>%n%B", art["branch"])
+    assert log.startswith("orch coder <orch@localhost>\ncontainer work")
+    assert f"orch-run: {spec.run_id}" in log and "orch-status: succeeded" in log
+    assert [(e[0], e[1]) for e in sink.events] == [("register", "container"),
+                                                   ("release", "container")]  # fmt: skip
     assert not labelled(f"orch.run_id={spec.run_id}") and leftovers(repo) == []
     assert sh(repo, "worktree", "list").count("\n") == 0
+
+
+def test_a_run_without_changes_leaves_no_branch(repo: Path, sandbox_image: str) -> None:
+    spec = spec_for(repo, image=sandbox_image)
+
+    async def body() -> ContainerWorkspace:
+        async with ContainerWorkspace(spec) as ws:
+            r = await ws.exec("cat README.md && git status --short", timeout_s=30, env={})
+            assert r.exit_code == 0 and r.output == "# demo\n", r.output
+            ws.set_outcome(RunOutcome("succeeded"))
+        return ws
+
+    ws = asyncio.run(body())
+    assert ws.artifacts() == [] and sh(repo, "branch", "--list", "orch/*") == ""
+    assert leftovers(repo) == []
 
 
 def test_timeout_and_cancel_kill_the_command_inside(repo: Path, sandbox_image: str) -> None:
@@ -292,13 +322,12 @@ def test_timeout_and_cancel_kill_the_command_inside(repo: Path, sandbox_image: s
     assert not labelled(f"orch.run_id={spec.run_id}")
 
 
-def test_limits_contain_a_fork_bomb_and_a_memory_hog(repo: Path) -> None:
-    spec = spec_for(repo, image=BUSYBOX, shell="sh", pids_limit=64, mem_limit="64m")
+def test_limits_contain_a_fork_bomb_and_a_memory_hog(repo: Path, sandbox_image: str) -> None:
+    spec = spec_for(repo, image=sandbox_image, pids_limit=64, mem_limit="64m")
 
     async def body() -> None:
         async with ContainerWorkspace(spec) as ws:
-            assert ws.slot is not None
-            cid = ws.slot.container_id
+            cid = ws.container_id
             await ws.exec("bomb() { bomb | bomb & }; bomb; sleep 2", timeout_s=6, env={})
             host = await asyncio.create_subprocess_exec("true")
             assert await host.wait() == 0  # the host can still fork
@@ -352,6 +381,7 @@ def test_agent_works_in_a_container_on_its_branch(
     assert sh(repo, "show", f"{art['branch']}:made.txt") == "from-bash"
     assert sh(repo, "status", "--porcelain") == "" and not (repo / "notes.md").exists()
     assert not labelled(f"orch.run_id={rec.run_id}") and leftovers(repo) == []
+    assert rec.workspace["root"] == "/workspace"
     assert h.store.resources(rec.run_id) == []
 
 
@@ -398,17 +428,22 @@ def test_failed_and_cancelled_runs_leave_no_container(repo: Path, sandbox_image:
 
     async def cancel_midway() -> str:
         job = asyncio.create_task(h.runner.run(h.spec("x", isolation="container")))
-        started = repo / ".orch" / "worktrees"
-        await asyncio.to_thread(wait_for, lambda: any(started.glob("r-*/started")))
+        await asyncio.to_thread(wait_for, lambda: bool(labelled("orch.chain_id")))
         [run_id] = [r.run_id for r in h.store.list_runs() if r.status == RunStatus.RUNNING]
-        assert labelled(f"orch.run_id={run_id}")
+        [cid] = labelled(f"orch.run_id={run_id}")
+        started = "test -f started && echo yes"
+        await asyncio.to_thread(wait_for, lambda: "yes" in inside(cid, started))
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
             await job
         return run_id
 
     run_id = asyncio.run(cancel_midway())
-    assert h.store.require_run(run_id).status == RunStatus.CANCELLED
+    rec = h.store.require_run(run_id)
+    assert rec.status == RunStatus.CANCELLED
+    assert [a["branch"] for a in rec.artifacts] == [f"orch/general/{run_id[2:10]}"]  # kept
+    assert sh(repo, "show", f"orch/general/{run_id[2:10]}:started") == ""
+    assert "orch-status: cancelled" in sh(repo, "log", "-1", f"orch/general/{run_id[2:10]}")
     assert not labelled(f"orch.run_id={run_id}") and leftovers(repo) == []
     assert h.store.resources(run_id) == []
 
@@ -430,9 +465,9 @@ def test_sigkilled_worker_is_reconciled(repo: Path, sandbox_image: str) -> None:
              "--model", f"scripted:{script}")  # fmt: skip
     assert r.returncode == 0, r.stderr
     run_id = json.loads(r.stdout)["run_id"]
-    started = repo / ".orch" / "worktrees" / run_id / "started"
-    wait_for(started.exists)
+    wait_for(lambda: bool(labelled(f"orch.run_id={run_id}")))
     [cid] = labelled(f"orch.run_id={run_id}")
+    wait_for(lambda: "yes" in inside(cid, "test -f started && echo yes"))
     worker = open_store(repo).require_run(run_id).pid
     assert worker is not None
     os.kill(worker, signal.SIGKILL)
@@ -441,11 +476,11 @@ def test_sigkilled_worker_is_reconciled(repo: Path, sandbox_image: str) -> None:
     row = next(x for x in rows if x["run_id"] == run_id)
     assert row["status"] == "interrupted"
     rec = open_store(repo).require_run(run_id)
-    assert f"removed container {cid[:12]}" in (rec.error or "")
-    assert not labelled(f"orch.run_id={run_id}") and leftovers(repo) == []
+    assert f"removed container {cid[:12]} (the work in it is lost)" in (rec.error or "")
+    assert not labelled(f"orch.run_id={run_id}")
     assert open_store(repo).resources(run_id) == []
-    branch = f"orch/general/{run_id[2:10]}"
-    assert sh(repo, "show", f"{branch}:started") == "work"  # the work was salvaged
+    # no host tree to salvage: the container's work went with it (docs/SECURITY.md says so)
+    assert sh(repo, "branch", "--list", "orch/*") == ""
 
 
 # -- pool, reaping, errors, CLI -------------------------------------------------------------
@@ -476,15 +511,9 @@ def test_pool_claim_is_fast_and_leaves_nothing(repo: Path, sandbox_image: str) -
         return claims
 
     claims = asyncio.run(body())
-    assert max(claims) < 0.5, claims  # a cold start takes ~0.3 s; a claim ~20-40 ms
+    assert max(claims) < 1.0, claims  # a claim skips creating and starting the container
     assert leftovers(repo) == []
-    assert not [c for c in labelled("orch.pool=true") if str(repo) in _slot_of(c)]
-
-
-def _slot_of(cid: str) -> str:
-    out = subprocess.run(["docker", "inspect", "-f", '{{index .Config.Labels "orch.slot"}}', cid],
-                         capture_output=True, text=True)  # fmt: skip
-    return out.stdout
+    assert not labelled(f"orch.owner_pid={os.getpid()}")
 
 
 def test_reap_by_label_removes_only_containers_of_dead_owners(repo: Path) -> None:
@@ -495,11 +524,10 @@ def test_reap_by_label_removes_only_containers_of_dead_owners(repo: Path) -> Non
     try:
         ids = {}
         for who in ("dead", "live"):
-            slot = make_slot(repo, repo / ".git", UID, UID)
             labels = owner_labels(f"r-{who}", "c-reap")
             if who == "dead":
                 labels.update({"orch.owner_pid": str(dead.pid), "orch.owner_start": "1"})
-            ids[who] = create_container(client, cfg, slot, UID, UID, labels)
+            ids[who] = create_container(client, cfg, UID, UID, labels)
             client.api.start(ids[who])
     finally:
         client.close()
@@ -508,7 +536,7 @@ def test_reap_by_label_removes_only_containers_of_dead_owners(repo: Path) -> Non
     assert labelled("orch.run_id=r-live") == [ids["live"]]
     remove_container(ids["live"])
     remove_container(ids["live"])  # already gone: nothing to do
-    assert not labelled("orch.run_id=r-live") and leftovers(repo) == []
+    assert not labelled("orch.run_id=r-live")
 
 
 def test_clear_errors(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -517,18 +545,15 @@ def test_clear_errors(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(OrchError, match=r"image orch-no-such-image:latest not found: build or"):
         asyncio.run(ContainerWorkspace(spec).__aenter__())
     assert sh(repo, "branch", "--list", "orch/*") == "" and leftovers(repo) == []
-    assert sh(repo, "worktree", "list").count("\n") == 0
+    # an image without python3 and git: one line naming the fix, nothing left behind
+    spec = spec_for(repo, image=BUSYBOX, shell="sh")
+    with pytest.raises(OrchError, match=r"^the sandbox image needs python3 and git; run `orch"):
+        asyncio.run(ContainerWorkspace(spec).__aenter__())
+    assert not labelled(f"orch.run_id={spec.run_id}") and leftovers(repo) == []
     with pytest.raises(UsageError, match="never runs as uid 0"):
         asyncio.run(ContainerWorkspace(spec_for(repo, user="0:0")).__aenter__())
     with pytest.raises(UsageError, match="sandbox.pids_limit"):
         ContainerWorkspace(_bad_spec(repo))
-    # non-root orch whose sandbox user cannot write the mount: one clear line, nothing left
-    monkeypatch.setattr(os, "geteuid", lambda: 4321)
-    spec = spec_for(repo, image=BUSYBOX, shell="sh", user="12345:12345")
-    with pytest.raises(OrchError, match=r"sandbox user 12345:12345 cannot write the worktree"):
-        asyncio.run(ContainerWorkspace(spec).__aenter__())
-    assert not labelled(f"orch.run_id={spec.run_id}") and leftovers(repo) == []
-    monkeypatch.undo()
     monkeypatch.setattr(pool_mod, "_API_VERSION", {})
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(OrchError, match=r"^Docker is not reachable .*start the engine"):
@@ -560,9 +585,6 @@ def test_sandbox_cli(repo: Path, sandbox_image: str, monkeypatch: pytest.MonkeyP
     rows = asyncio.run(body())
     mine = [x for x in rows if x["run_id"] == spec.run_id]
     assert len(mine) == 1 and mine[0]["owner_alive"] and mine[0]["state"] == "running"
-    (repo / ".orch" / "sandboxes" / "stale").mkdir(parents=True)
-    os.utime(repo / ".orch" / "sandboxes" / "stale", (1, 1))
     r = runner.invoke(sandbox_app, ["prune"])
-    assert r.exit_code == 0 and "removed leftover sandbox directory" in r.output, r.output
-    assert leftovers(repo) == []
+    assert r.exit_code == 0, r.output
     assert "nothing to prune" in runner.invoke(sandbox_app, ["prune"]).output

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,7 +22,6 @@ sandbox_app = typer.Typer(
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "sandboxes" / "build.sh"
-SLOT_GRACE_S = 120.0  # a slot directory younger than this may be getting its container
 
 
 @sandbox_app.command("build")
@@ -105,8 +103,7 @@ def _rows() -> list[dict[str, Any]]:
              "chain_id": labels.get("orch.chain_id") or None, "agent": labels.get("orch.agent"),
              "pool": labels.get("orch.pool") == "true", "owner_pid": labels.get("orch.owner_pid"),
              "owner_alive": c["owner_alive"], "state": c["state"], "status": c["status"],
-             "image": c["image"], "created_at": float(created) if created else None,
-             "slot": labels.get("orch.slot")}
+             "image": c["image"], "created_at": float(created) if created else None}
         )  # fmt: skip
     return rows
 
@@ -132,36 +129,17 @@ def ps_cmd(as_json: JsonFlag = False) -> None:
         )
 
 
-def _orphan_slots(root: Path, live: set[str]) -> list[Path]:
-    """Slot directories of this project that no container uses any more."""
-    where = root / ".orch" / "sandboxes"
-    if not where.is_dir():
-        return []
-    now = time.time()
-    return [
-        p
-        for p in where.iterdir()
-        if p.is_dir() and str(p) not in live and now - p.stat().st_mtime > SLOT_GRACE_S
-    ]
-
-
 @sandbox_app.command("prune")
 @handles_errors
 def prune_cmd(as_json: JsonFlag = False) -> None:
-    """Remove orch containers whose owner process is gone, and their leftover directories."""
+    """Remove orch containers (and their workspace volumes) whose owner process is gone."""
     from ..workspaces.container import reap_by_label
-    from ..workspaces.pool import release_slot
 
     removed = reap_by_label()
-    slots = _orphan_slots(project_root(), {r["slot"] for r in _rows() if r["slot"]})
-    for slot in slots:
-        release_slot(slot)
     if as_json:
-        print_json({"removed_containers": removed, "removed_slots": [str(s) for s in slots]})
+        print_json({"removed_containers": removed})
         return
     for cid in removed:
         typer.echo(f"removed container {shown(cid[:12])}")
-    for slot in slots:
-        typer.echo(f"removed leftover sandbox directory {shown(slot)}")
-    if not removed and not slots:
+    if not removed:
         typer.echo("nothing to prune")

@@ -1,106 +1,98 @@
-"""Container tier: the agent's own worktree and branch, its commands run in a locked-down container.
+"""Container tier: the run works in a locked-down Docker container that shares nothing with
+the host; its starting state goes in as data and its work comes out as data.
 
-The worktree (and its branch, commit and removal) is a :class:`WorktreeWorkspace`;
-this module adds a Docker container around it. File tools act on the worktree on
-the host (``root``); ``bash`` runs in the container with ``cwd /workspace``.
+One trust boundary: the host never opens, runs git in, or deletes anything in a tree the
+sandbox can write.
 
-What one container mounts; its own host directories (its "slot") are under
-``<main repo>/.orch/sandboxes/<name>/``:
-
-- the worktree directory ``.orch/worktrees/<run_id>`` is bind-mounted read-write at
-  ``/workspace``. A cold start creates it empty, starts the container and makes the
-  worktree in it (``git worktree add`` accepts an empty directory) at the same time; a
-  pooled slot (``pool.py``) mounted ``<slot>/work`` and renames it into place on claim
-  (the bind mount follows the directory).
-- the repository's git dir is mounted read-only at ``/orch/common``;
-- ``gitdir/`` (read-write at ``/orch/gitdir``) is the container's private copy of
-  the worktree's git admin dir (HEAD, index, ``commondir`` = ``/orch/common``);
-- ``links/`` is mounted read-only over ``<git dir>/worktrees`` and holds one symlink,
-  ``<worktree name>`` → ``/orch/gitdir``, so the worktree's ``.git`` file resolves
-  inside the container. ``git status/diff/log`` work there; the repository's
-  config, hooks, objects and refs are read-only (``git add/commit`` inside fail:
-  orch commits the work on the branch at the end, on the host).
-- ``claim.json`` (not mounted) names the worktree and its gitdir, so whoever removes
-  the container (also a crash reconcile) can restore the worktree's ``.git`` file
-  before host-side git touches it.
-
-When orch runs as root the container runs as ``sandbox.uid`` (never 0): the worktree's
-contents are chowned to it, its top directory and ``.git`` file stay orch's (so host git
-sees no "dubious ownership" and the container cannot rewrite ``.git``), and a default
-POSIX ACL gives the sandbox user read-write on everything else, including files the
-host tools create later. As non-root, the container runs as your uid:gid.
-
-Every container is labelled (``orch.run_id``, ``orch.chain_id``, ``orch.owner_pid``,
-``orch.created_at``, ...), runs ``sleep <ttl_s>`` as its main process (so a SIGKILLed
-orch cannot leak it forever; it is ``auto_remove``), is registered with the run as
-resource ``container`` and removed (not just stopped) at close, whatever the outcome.
+- **Storage**: no host directory (and no volume) is mounted. ``/workspace`` is a tmpfs
+  of ``sandbox.workspace_size`` (1 GiB) owned by the sandbox user: its size is capped,
+  it never touches the host's disk, it goes with the container whatever happens, and a
+  checkout into it is many times faster than into a volume; its pages count against
+  the container's memory limit. (An anonymous volume would take ``put_archive``, which
+  cannot write a tmpfs under a read-only root, but is disk-backed and uncapped.)
+- **In**: the host bundles the starting commit from the user's repository (the run's
+  working directory, resolved through ``repo.locate``; never a sandbox-writable dir),
+  tars it with the ``.worktreeinclude`` files read from the *user's* tree by safefs,
+  and streams the archive on the stdin of one docker exec that unpacks it and clones it
+  into ``/workspace`` on branch ``orch/<agent>/<id>``.
+- **Tools** run inside (:mod:`.boxruntime`, :mod:`.inbox`); ``bash`` is a docker exec.
+- **Out**: at close (also on cancel: shielded) git in the container commits every change
+  as ``orch <agent> <orch@localhost>`` with ``orch-run``/``orch-status`` trailers and
+  streams ``git bundle create - HEAD ^<start>`` over docker exec into a host temp file
+  (capped at ``sandbox.bundle_max_bytes``); the host verifies and unbundles it into the
+  user's repository and moves ``refs/heads/orch/<agent>/<id>`` (:mod:`.transfer`). A
+  run that changed nothing leaves no branch. ``ContainerConfig.branch`` continues a
+  branch: the container starts from its tip and the branch moves only forward.
+- **Nested container children** start from the parent's committed state: the parent's
+  work is committed inside its container, exported the same way into
+  ``refs/orch/checkpoints/<child run id>``, and the child starts from that commit.
+- **Crash**: reconcile removes the container by label; its work is lost.
+- **Limits**: ``sandbox.max_per_chain`` live containers per chain (a run beyond it is
+  refused, naming the setting); reads capped inside; the bundle capped on the host.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import threading
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self
 
-from ..errors import OrchError
-from ..repo import locate, orch_dir
-from .base import (
-    MAX_CAPTURE,
-    ProcessResult,
-    ResourceSink,
-    RunOutcome,
-    Runtime,
-    TierConfig,
-    WorkspaceSpec,
-)
-from .host import HostRuntime
+from ..errors import OrchError, UsageError
+from ..git import git
+from ..repo import diff_stats, is_ancestor, locate, rev
+from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .boxruntime import ContainerRuntime
+from .dockerexec import Sandbox
 from .pool import (
     MANAGED,
     WORKSPACE,
-    Slot,
-    attach_tree,
-    claim_slot,
+    claim_warm,
     create_container,
     docker_client,
     docker_errors,
-    make_slot,
     owner_labels,
     process_start,
-    release_slot,
     remove_by_id,
     sandbox_settings,
     sandbox_user,
     start_container,
 )
-from .worktree import WorktreeWorkspace, await_shielded, continued
+from .settle import commit_env, commit_message
+from .transfer import (
+    EXPORT,
+    NEEDS,
+    SETUP,
+    Staging,
+    ahead_of,
+    base_bundle,
+    bundle_ref,
+    include_files,
+    unpack,
+    untracked,
+    write_archive,
+)
+from .worktree import await_shielded, branch_name, continued, ref_component
 
 __all__ = ["ContainerWorkspace", "docker_client", "reap_by_label", "remove_container"]
 
-T = TypeVar("T")
-
-KILL_GRACE_S = 5.0
+_LIVE: dict[str, ContainerWorkspace] = {}  # open container workspaces of this process, by run
+_PER_CHAIN: dict[str, int] = {}
 
 
 # -- removal and reaping (sync: reconcile and the CLI call these) ------------------------
 
 
 def remove_container(container_id: str) -> None:
-    """Remove a container (running or not) and release its slot: used by crash reconcile."""
+    """Remove a container (running or not) and its workspace volume: crash reconcile."""
     client = docker_client()
     try:
-        labels = remove_by_id(client, container_id)
+        remove_by_id(client, container_id)
     finally:
         client.close()
-    if labels.get("orch.slot"):
-        release_slot(Path(labels["orch.slot"]))
 
 
 def _owner_alive(labels: Mapping[str, str]) -> bool:
@@ -134,115 +126,10 @@ def reap_by_label(run_ids: set[str] | None = None) -> list[str]:
             ):
                 continue
             remove_by_id(client, c["id"])
-            if labels.get("orch.slot"):
-                release_slot(Path(labels["orch.slot"]))
             removed.append(c["id"])
     finally:
         client.close()
     return removed
-
-
-# -- running one command ----------------------------------------------------------------
-
-
-class _Pump:
-    """Reads one exec's output in its own thread (so a long command never holds an executor
-    worker) and resolves ``done`` on the loop when the stream ends."""
-
-    def __init__(self, api: Any, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.api, self.exec_id, self.loop = api, exec_id, loop
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.chunks: list[bytes] = []
-        self.kept = self.dropped = 0
-        self.error: BaseException | None = None
-        threading.Thread(target=self._run, name=f"orch-exec-{exec_id[:8]}", daemon=True).start()
-
-    def _run(self) -> None:
-        stream = None
-        try:
-            stream = self.api.exec_start(self.exec_id, stream=True, demux=False)
-            for data in stream:
-                take = data[: max(0, MAX_CAPTURE - self.kept)]
-                self.chunks.append(take)
-                self.kept += len(take)
-                self.dropped += len(data) - len(take)
-        except BaseException as e:  # reported on the loop
-            self.error = e
-        finally:
-            if stream is not None:  # a stream's socket is ours to close: shut it, drop the response
-                for close in (stream.close, stream._response.close):
-                    with contextlib.suppress(Exception):
-                        close()
-        with contextlib.suppress(RuntimeError):  # the loop may be closed already
-            self.loop.call_soon_threadsafe(self._resolve)
-
-    def _resolve(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-
-def _cgroup_procs(container_id: str) -> list[int] | None:
-    """Host pids in the container's cgroup (v1 or v2, cgroupfs or systemd), None if unseen."""
-    cg, cid = "/sys/fs/cgroup", container_id
-    for path in (f"{cg}/pids/docker/{cid}", f"{cg}/pids/system.slice/docker-{cid}.scope",
-                 f"{cg}/system.slice/docker-{cid}.scope", f"{cg}/docker/{cid}"):  # fmt: skip
-        with contextlib.suppress(OSError, ValueError):
-            return [int(pid) for pid in Path(path, "cgroup.procs").read_text().split()]
-    return None
-
-
-def _kill_group(pgid: int, container_id: str) -> None:
-    """SIGKILL process group ``pgid`` (an exec's), only once a process of the container's own
-    cgroup is seen in it: never a group of this pid namespace that merely has that number."""
-    if pgid <= 0:
-        return
-    for pid in _cgroup_procs(container_id) or []:
-        with contextlib.suppress(OSError):
-            if os.getpgid(pid) == pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
-                return
-
-
-def _oom_kills(container_id: str) -> int | None:
-    """The container's OOM-kill count from its memory cgroup (v1 or v2), None if unreadable."""
-    cg = "/sys/fs/cgroup"
-    for path in (f"{cg}/memory/docker/{container_id}/memory.oom_control",
-                 f"{cg}/system.slice/docker-{container_id}.scope/memory.events",
-                 f"{cg}/docker/{container_id}/memory.events"):  # fmt: skip
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(path).read_text().splitlines():
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-    return None
-
-
-class _HeldSink:
-    """Forwards to the run's sink, holding calls back until :meth:`flush`: the container is
-    registered before the worktree, so a reaper removes the container (restoring ``.git``)
-    before it salvages the worktree."""
-
-    def __init__(self, sink: ResourceSink) -> None:
-        self.sink = sink
-        self.held: list[tuple[Callable[[str, str, str], None], tuple[str, str, str]]] | None = []
-
-    def register_resource(self, run_id: str, kind: str, ref: str) -> None:
-        self._call(self.sink.register_resource, (run_id, kind, ref))
-
-    def release_resource(self, run_id: str, kind: str, ref: str) -> None:
-        self._call(self.sink.release_resource, (run_id, kind, ref))
-
-    def _call(self, fn: Callable[[str, str, str], None], args: tuple[str, str, str]) -> None:
-        if self.held is None:
-            fn(*args)
-        else:
-            self.held.append((fn, args))
-
-    def flush(self) -> None:
-        held, self.held = self.held or [], None
-        for fn, args in held:
-            fn(*args)
 
 
 # -- the workspace ----------------------------------------------------------------------
@@ -254,25 +141,33 @@ class ContainerWorkspace:
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
         self.cfg = sandbox_settings(spec.options)
-        self.root: Path = spec.base.resolve()  # the worktree once entered
-        self._sink = _HeldSink(spec.sink)
-        self.worktree = WorktreeWorkspace(replace(spec, sink=self._sink))
-        self.slot: Slot | None = None
+        self.root: Path = spec.base.resolve()  # on the host: the user's main checkout
+        cont = spec.options.get("branch")
+        self.continued: str | None = str(cont) if cont else None
+        self.branch = self.continued or branch_name(spec.agent, spec.run_id)
+        self.start = ""  # the commit the container starts from
+        self.base_commit = ""  # the commit the artifact is measured from
+        self.main: Any = None  # RepoPaths of the user's repository
+        self.container_id = ""
         self.pooled = False
         self.uid = self.gid = 0
+        self.box: Sandbox | None = None
         self._client: Any = None
-        self._moved: Path | None = None  # where the slot's work dir was renamed to
-        self._tree_in = False
         self._registered = False
+        self._counted = False
+        self._ready = False  # the tree is set up inside: there may be work to export
         self._open = False
-        self._dead = ""  # why the container can run no more commands
+        self._checkpoint_ref = ""
+        self._digests: dict[str, str] = {}
+        self._lock = asyncio.Lock()  # one commit + export at a time
         self._outcome: RunOutcome | None = None
+        self._artifacts: list[dict[str, Any]] = []
 
     async def __aenter__(self) -> Self:
         try:
             await await_shielded(self._start())
         except BaseException:
-            await await_shielded(self._close(RunOutcome("failed", self.spec.description)))
+            await await_shielded(self._close(None))
             raise
         return self
 
@@ -288,189 +183,276 @@ class ContainerWorkspace:
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
     ) -> ProcessResult:
-        if not self._open:  # never run anywhere else by mistake
+        if not self._open or self.box is None:  # never run anywhere else by mistake
             raise OrchError("the container workspace is not open; use it inside `async with`")
-        if self._dead:
-            raise OrchError(self._dead)
-        return await self._exec(command, timeout_s, env)
+        return await self.box.run(command, timeout_s, env)
+
+    async def _run(self, command: str, timeout_s: float, env: Mapping[str, str]) -> ProcessResult:
+        return await self.exec(command, timeout_s=timeout_s, env=env)
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         self._outcome = outcome
 
     def info(self) -> dict[str, Any]:
-        cid = self.slot.container_id[:12] if self.slot else None
-        user = f"{self.uid}:{self.gid}"
-        return {**self.worktree.info(), "isolation": self.isolation, "container": cid,
-                "image": self.cfg.image, "user": user, "pooled": self.pooled}  # fmt: skip
+        repo = str(self.main.main_root) if self.main else None
+        return {"isolation": self.isolation, "root": WORKSPACE, "branch": self.branch,
+                "base": self.base_commit, "repo": repo, "container": self.container_id[:12],
+                "image": self.cfg.image, "user": f"{self.uid}:{self.gid}",
+                "pooled": self.pooled}  # fmt: skip
 
     def artifacts(self) -> list[dict[str, Any]]:
-        return self.worktree.artifacts()
+        return [dict(a) for a in self._artifacts]
 
     def runtime(self) -> Runtime:
-        return HostRuntime(self.root, self.exec)
+        if self.box is None:
+            raise OrchError("the container workspace is not open")
+        return ContainerRuntime(self.box, self._run, WORKSPACE)
 
     # -- opening ------------------------------------------------------------------------
 
-    async def _api(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        def call() -> T:
-            with docker_errors(self.cfg.image):
-                return fn(*args, **kwargs)
-
-        return await asyncio.to_thread(call)
-
     async def _start(self) -> None:
+        spec = self.spec
         self.uid, self.gid = sandbox_user(self.cfg)
-        locating = asyncio.create_task(locate(self.root))  # a parent's worktree: its admin dir
+        chain = spec.chain_id
+        if _PER_CHAIN.get(chain, 0) >= self.cfg.max_per_chain:
+            raise OrchError(
+                f"this chain already runs {self.cfg.max_per_chain} containers "
+                "(sandbox.max_per_chain); wait for one to end or raise the setting"
+            )
+        _PER_CHAIN[chain] = _PER_CHAIN.get(chain, 0) + 1
+        self._counted = True
+        located = await locate(self.root)  # not a repository: UsageError
+        self.main = main = located.main()
+        self.root = main.main_root
+        await self._choose_start(located)
+        includes_task = asyncio.create_task(self._includes())
         try:
             self._client = await asyncio.to_thread(docker_client)
-        finally:
-            await asyncio.gather(locating, return_exceptions=True)
-        repo = locating.result()  # not a repository: UsageError
-        main_root, common = repo.main_root, repo.common_dir
-        slot = claim_slot(common, self.cfg)
-        if slot is not None:  # warm: the container runs already
-            self.slot, self.pooled = slot, True
-            self._register(slot.container_id)
-            await self._attach(main_root)
-        else:  # cold: start the container while the worktree is made
-            target = orch_dir(main_root) / "worktrees" / self.spec.run_id
-            self.slot = await asyncio.to_thread(
-                make_slot, main_root, common, self.uid, self.gid, target
-            )
-            self._moved = target
-            results = await asyncio.gather(
-                self._boot(), self._attach(main_root), return_exceptions=True
-            )
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-        self._sink.flush()
-        self._open = True
-        if os.geteuid() != 0:
-            probe_w = await self._exec(f"test -w {WORKSPACE}", 30, {})
-            if probe_w.exit_code != 0:
-                raise OrchError(
-                    f"the sandbox user {self.uid}:{self.gid} cannot write the worktree mounted at "
-                    f"{WORKSPACE} ({self.root}): run orch as the owner of the repository, or set "
-                    "sandbox.user to its uid:gid (rootless Docker / userns-remap shift uids)"
+            warm = claim_warm(self.cfg)
+            if warm is not None:
+                self.container_id, self.pooled = warm.container_id, True
+                self._register()
+            else:
+                labels = owner_labels(spec.run_id, spec.chain_id, spec.agent)
+                self.container_id = await asyncio.to_thread(
+                    create_container, self._client, self.cfg, self.uid, self.gid, labels
                 )
+                self._register()
+                await asyncio.to_thread(start_container, self._client, self.container_id)
+            self.box = Sandbox(self._client, self.container_id, self.cfg, f"{self.uid}:{self.gid}")
+            archive, staging = await includes_task
+        except BaseException:
+            includes_task.cancel()
+            with contextlib.suppress(BaseException):
+                (await includes_task)[1].remove()
+            raise
+        try:
+            await self._fill(archive)
+        finally:
+            await asyncio.to_thread(staging.remove)
+        self._ready = True
+        self._open = True
+        _LIVE[spec.run_id] = self
 
-    def _register(self, container_id: str) -> None:
-        self.spec.sink.register_resource(self.spec.run_id, "container", container_id)
+    async def _choose_start(self, located: Any) -> None:
+        main = self.main
+        parent = _LIVE.get(str(self.spec.options.get("parent_run_id") or ""))
+        if self.continued is not None:
+            if not self.branch.startswith("orch/") or ".." in self.branch:
+                raise UsageError(f"can only continue an orch/* branch, not {self.branch!r}")
+            tip = await rev(f"refs/heads/{self.branch}", main)
+            if tip is None:
+                raise UsageError(f"branch {self.branch} does not exist; see `orch worktrees list`")
+            self.start = tip
+            base = self.spec.options.get("base")
+            found = await rev(str(base), main) if base else tip
+            if found is None:
+                raise UsageError(f"base {base!r} for branch {self.branch} is not a commit")
+            self.base_commit = found
+            return
+        if await rev(f"refs/heads/{self.branch}", main):
+            raise OrchError(
+                f"branch {self.branch} already exists; merge or delete it "
+                "(orch worktrees prune) and run again"
+            )
+        if parent is not None and parent.main is not None and parent.root == main.main_root:
+            self._checkpoint_ref = f"refs/orch/checkpoints/{self.spec.run_id}"
+            head: str | None = await parent.checkpoint(self._checkpoint_ref, self.spec.run_id)
+        else:
+            head = await rev("HEAD", located)
+        if head is None:
+            raise UsageError(
+                f"the git repository at {main.main_root} has no commits yet; "
+                "make a first commit or use isolation 'shared'"
+            )
+        self.start = self.base_commit = head
+
+    async def _includes(self) -> tuple[Path, Staging]:
+        """The archive to put into /workspace (bundle + includes), in a host temp dir."""
+        staging = await asyncio.to_thread(Staging)
+        try:
+            bundle = await base_bundle(self.main, self.start)
+            include = self.spec.options.get("include") or []
+            patterns = [include] if isinstance(include, str) else list(include)
+            files = await asyncio.to_thread(include_files, self.main.main_root, patterns)
+            keep = await untracked(self.main, sorted(files)) if files else []
+            chosen = {rel: files[rel] for rel in keep}
+            archive = staging.path("in.tar")
+            self._digests = await asyncio.to_thread(
+                write_archive, archive, bundle, chosen, self.uid, self.gid
+            )
+        except BaseException:
+            staging.remove()
+            raise
+        return archive, staging
+
+    async def _fill(self, archive: Path) -> None:
+        assert self.box is not None
+        env = {"REF": bundle_ref(self.start), "BRANCH": self.branch}
+        made = await self.box.call(
+            ["sh", "-c", SETUP], archive, out_cap=65536, timeout_s=600, env=env
+        )
+        if b"NEEDS" in made.out:
+            raise OrchError(NEEDS)
+        if b"NOT-WRITABLE" in made.out:
+            raise OrchError(
+                f"the sandbox user {self.uid}:{self.gid} cannot write {WORKSPACE} in image "
+                f"{self.cfg.image}; check sandbox.user and the image"
+            )
+        if made.code != 0:
+            detail = (made.err or made.out).decode("utf-8", "replace").strip().splitlines()
+            raise OrchError(f"could not set up the sandbox's tree: {(detail or ['?'])[-1][:200]}")
+
+    def _register(self) -> None:
+        self.spec.sink.register_resource(self.spec.run_id, "container", self.container_id)
         self._registered = True
 
-    async def _boot(self) -> None:
-        assert self.slot is not None and self._client is not None
-        labels = owner_labels(self.spec.run_id, self.spec.chain_id, self.spec.agent)
-        cid = await asyncio.to_thread(
-            create_container, self._client, self.cfg, self.slot, self.uid, self.gid, labels
+    # -- work out -----------------------------------------------------------------------
+
+    async def _export(self, message: str) -> str | None:
+        """Commit inside and bring the work out in the same exec: the new tip, or None."""
+        assert self.box is not None and self.main is not None
+        env = {**commit_env(ref_component(self.spec.agent)), "START": self.start}
+        async with self._lock:
+            with tempfile.TemporaryDirectory(prefix="orch-out-") as tmp:
+                path = Path(tmp) / "out.bundle"
+                with path.open("wb") as f:
+                    got = await self.box.call(
+                        ["bash", "-c", EXPORT], message.encode(), env=env,
+                        out_cap=self.cfg.bundle_max_bytes, timeout_s=600, out_file=f,
+                    )  # fmt: skip
+                if got.overflow:
+                    raise OrchError(
+                        f"the sandbox's work is over sandbox.bundle_max_bytes "
+                        f"({self.cfg.bundle_max_bytes:,} bytes); it was not taken"
+                    )
+                ahead = ahead_of(got.err)
+                if ahead is None:
+                    raise OrchError("the sandbox's git repository is unusable; its work is lost")
+                if ahead == 0:
+                    return None
+                if got.code != 0:
+                    err = got.err.decode("utf-8", "replace").strip().splitlines()
+                    raise OrchError(f"git bundle failed in the sandbox: {(err or ['?'])[-2:]}")
+                return await unpack(self.main, path)
+
+    async def checkpoint(self, ref: str, child_run_id: str) -> str:
+        """Commit this run's work so far and bring it out into ``ref``: a nested child's
+        start. Returns the commit (the start when there is no work yet)."""
+        message = commit_message(
+            f"checkpoint for child run {child_run_id}", self.spec.run_id, "running"
         )
-        self._register(cid)
-        await asyncio.to_thread(start_container, self._client, cid)
+        tip = await self._export(message)
+        if tip is None:
+            return self.start
+        await git("update-ref", ref, tip, repo=self.main)
+        return tip
 
-    async def _attach(self, main_root: Path) -> None:
-        """Move the slot's (mounted) work dir into place and make the worktree in it."""
-        assert self.slot is not None
-        target = orch_dir(main_root) / "worktrees" / self.spec.run_id
-        if self.slot.work != target:  # a pooled slot: its container runs already
-            await asyncio.to_thread(os.rename, self.slot.work, target)
-            self._moved = target
-        await self.worktree.__aenter__()
-        self._tree_in = True
-        if self.worktree.root != target:
-            raise OrchError(f"the worktree was made at {self.worktree.root}, not in {target}")
-        self.root = target
-        await asyncio.to_thread(attach_tree, self.slot, target, self.uid, self.gid)
-
-    # -- commands -----------------------------------------------------------------------
-
-    async def _exec(self, command: str, timeout_s: float, env: Mapping[str, str]) -> ProcessResult:
-        assert self.slot is not None and self._client is not None
-        cid, api = self.slot.container_id, self._client.api
-        extra = {k: v for k, v in env.items()
-                 if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")}  # fmt: skip
-        oom_before = _oom_kills(cid)
-        made = await self._api(
-            api.exec_create, cid, [self.cfg.shell, "-c", command], stdout=True, stderr=True,
-            workdir=WORKSPACE, user=f"{self.uid}:{self.gid}", environment=extra,
-        )  # fmt: skip
-        pump = _Pump(api, str(made["Id"]), asyncio.get_running_loop())
-        timed_out = False
-        try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.shield(pump.done)
-        except TimeoutError:
-            timed_out = True
-        finally:
-            info = await await_shielded(self._end_exec(pump))
-        if pump.error is not None and not timed_out:
-            raise self._dead_error(pump.error)
-        output = b"".join(pump.chunks).decode("utf-8", errors="replace")
-        code = None if timed_out else info.get("ExitCode")
-        if code == 137:
-            after = _oom_kills(cid)
-            if after is not None and oom_before is not None and after > oom_before:
-                output += f"\n[killed: out of memory (sandbox mem_limit {self.cfg.mem_limit})]"
-        return ProcessResult(
-            exit_code=code, output=output, timed_out=timed_out, truncated_bytes=pump.dropped
+    async def _settle(self, outcome: RunOutcome) -> None:
+        assert self.box is not None and self.main is not None
+        if self._digests:
+            runtime = ContainerRuntime(self.box, self._run, WORKSPACE)
+            with contextlib.suppress(OrchError, OSError, ValueError):
+                await runtime.prune(self._digests)
+        message = commit_message(
+            outcome.description or self.spec.description, self.spec.run_id, outcome.status
         )
+        tip = await self._export(message)
+        main, branch = self.main, self.branch
+        known: dict[str, str] = {}
+        if tip is not None:
+            known[branch] = tip
+            if not await self._move(branch, tip):  # moved meanwhile, or rewritten: keep both
+                branch = f"{branch}-head"
+                known = {branch: tip}
+                await git("update-ref", f"refs/heads/{branch}", tip, repo=main)
+        self._artifacts = await self._artifacts_of([self.branch, branch], known)
 
-    def _dead_error(self, error: BaseException) -> OrchError:
-        if self._dead:
-            return OrchError(self._dead)
-        return OrchError(f"the sandbox container stopped answering ({str(error)[:160]})")
+    async def _move(self, branch: str, tip: str) -> bool:
+        """Point ``branch`` at ``tip``: a new branch only if nobody made it meanwhile, a
+        continued one only forward (compare-and-swap). False when it could not."""
+        ref, main = f"refs/heads/{branch}", self.main
+        if self.continued is None:
+            made = await git("update-ref", ref, tip, "0" * 40, repo=main, check=False)
+            return made.code == 0
+        current = await rev(ref, main)
+        if current is None or not await is_ancestor(main, current, tip):
+            return False
+        moved = await git("update-ref", ref, tip, current, repo=main, check=False)
+        return moved.code == 0
 
-    async def _end_exec(self, pump: _Pump) -> dict[str, Any]:
-        """Kill what is left of the exec's process group; make sure the command is over."""
-        assert self.slot is not None
-        cid, api = self.slot.container_id, self._client.api
-        info: dict[str, Any] = {}
-        deadline = time.monotonic() + KILL_GRACE_S
-        while True:
-            with contextlib.suppress(OrchError):
-                info = await self._api(api.exec_inspect, pump.exec_id)
-            _kill_group(int(info.get("Pid") or 0), cid)
-            if pump.done.done() or time.monotonic() > deadline:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pump.done), 0.25)
-        if not pump.done.done():  # the last resort: nothing in the container survives
-            self._dead = (
-                "the sandbox container was killed to stop a command that would not die; "
-                "this run can run no more commands"
-            )
-            with contextlib.suppress(OrchError):
-                await self._api(api.kill, cid)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pump.done), KILL_GRACE_S)
-        return info
+    async def _artifacts_of(
+        self, branches: list[str], known: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """Branch artifacts (measured from the base) of the branches with work on them."""
+        out: list[dict[str, Any]] = []
+        for name in dict.fromkeys(branches):
+            commit = known.get(name) or await rev(f"refs/heads/{name}", self.main)
+            if commit is None:
+                continue
+            if name not in known or self.base_commit != self.start:
+                ahead = await git("rev-list", "--count", f"{self.base_commit}..{commit}",
+                                  repo=self.main)  # fmt: skip
+                if int(ahead.out.strip() or 0) == 0:
+                    continue
+            files, ins, dels = await diff_stats(self.main, self.base_commit, commit)
+            out.append({"kind": "branch", "branch": name, "base": self.base_commit,
+                        "commit": commit, "files_changed": files, "insertions": ins,
+                        "deletions": dels})  # fmt: skip
+        return out
 
     # -- closing ------------------------------------------------------------------------
 
-    async def _close(self, outcome: RunOutcome) -> None:
+    async def _close(self, outcome: RunOutcome | None) -> None:
         self._open = False
+        _LIVE.pop(self.spec.run_id, None)
         failure: OrchError | None = None
-        slot = self.slot
-        if slot is not None:
-            if slot.container_id and self._client is not None:
-                try:
-                    await asyncio.to_thread(remove_by_id, self._client, slot.container_id)
-                except OrchError as e:
-                    failure = e
-                else:
-                    if self._registered:
-                        self.spec.sink.release_resource(
-                            self.spec.run_id, "container", slot.container_id
-                        )
-            await asyncio.to_thread(release_slot, slot.dir)
-        self._sink.flush()
-        if self._tree_in:
-            self._tree_in = False
-            self.worktree.set_outcome(outcome)
-            await self.worktree.__aexit__(None, None, None)
-        elif self._moved is not None:
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(self._moved.rmdir)  # empty: the worktree was never made
+        if self._ready and outcome is not None and self.box is not None:
+            self._ready = False
+            try:
+                await self._settle(outcome)
+            except OrchError as e:
+                failure = e
+        if self.container_id and self._client is not None:
+            try:
+                await asyncio.to_thread(remove_by_id, self._client, self.container_id)
+            except OrchError as e:
+                failure = failure or e
+            else:
+                if self._registered:
+                    self.spec.sink.release_resource(
+                        self.spec.run_id, "container", self.container_id
+                    )
+        if self.main is not None:
+            if self._checkpoint_ref:
+                await git("update-ref", "-d", self._checkpoint_ref, repo=self.main, check=False)
+        if self._counted:
+            self._counted = False
+            left = _PER_CHAIN.get(self.spec.chain_id, 1) - 1
+            if left > 0:
+                _PER_CHAIN[self.spec.chain_id] = left
+            else:
+                _PER_CHAIN.pop(self.spec.chain_id, None)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -479,7 +461,8 @@ class ContainerWorkspace:
 
 
 class ContainerConfig(TierConfig):
-    """``isolation: container``: the run's own worktree in a locked-down Docker sandbox."""
+    """``isolation: container``: the run's own branch, worked on in a locked-down Docker
+    sandbox that shares no host directory."""
 
     type: Literal["container"] = "container"
     branch: str | None = None

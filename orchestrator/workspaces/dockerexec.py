@@ -1,0 +1,296 @@
+"""Running processes in a started sandbox container through ``docker exec``.
+
+:class:`Sandbox` is one container as its workspace uses it: :meth:`Sandbox.run` is a
+``bash`` command (output interleaved, capped at ``MAX_CAPTURE``, killed with its
+process group on timeout or cancel), :meth:`Sandbox.call` a program with bytes on
+its stdin and its stdout taken back whole (capped: past ``out_cap`` the call is
+killed and reported as overflowing) or streamed into a host file orch owns. Every
+limit is enforced while reading: the host never holds more than the cap of any
+output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from ..config import SandboxSettings
+from ..errors import OrchError
+from .base import MAX_CAPTURE, ProcessResult
+from .pool import WORKSPACE, docker_errors
+from .worktree import await_shielded
+
+T = TypeVar("T")
+KILL_GRACE_S = 5.0
+ERR_CAP = 64 * 1024
+
+
+class _Pump:
+    """Reads one exec's output in its own thread (so a long command never holds an executor
+    worker) and resolves ``done`` on the loop when the stream ends."""
+
+    def __init__(self, api: Any, exec_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.api, self.exec_id, self.loop = api, exec_id, loop
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.chunks: list[bytes] = []
+        self.kept = self.dropped = 0
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name=f"orch-exec-{exec_id[:8]}", daemon=True).start()
+
+    def _run(self) -> None:
+        stream = None
+        try:
+            stream = self.api.exec_start(self.exec_id, stream=True, demux=False)
+            for data in stream:
+                take = data[: max(0, MAX_CAPTURE - self.kept)]
+                self.chunks.append(take)
+                self.kept += len(take)
+                self.dropped += len(data) - len(take)
+        except BaseException as e:  # reported on the loop
+            self.error = e
+        finally:
+            if stream is not None:  # a stream's socket is ours to close: shut it, drop the response
+                for close in (stream.close, stream._response.close):
+                    with contextlib.suppress(Exception):
+                        close()
+        with contextlib.suppress(RuntimeError):  # the loop may be closed already
+            self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def cgroup_procs(container_id: str) -> list[int] | None:
+    """Host pids in the container's cgroup (v1 or v2, cgroupfs or systemd), None if unseen."""
+    cg, cid = "/sys/fs/cgroup", container_id
+    for path in (f"{cg}/pids/docker/{cid}", f"{cg}/pids/system.slice/docker-{cid}.scope",
+                 f"{cg}/system.slice/docker-{cid}.scope", f"{cg}/docker/{cid}"):  # fmt: skip
+        with contextlib.suppress(OSError, ValueError):
+            return [int(pid) for pid in Path(path, "cgroup.procs").read_text().split()]
+    return None
+
+
+def kill_exec_group(pgid: int, container_id: str) -> None:
+    """SIGKILL process group ``pgid`` (an exec's), only once a process of the container's own
+    cgroup is seen in it: never a group of this pid namespace that merely has that number."""
+    if pgid <= 0:
+        return
+    for pid in cgroup_procs(container_id) or []:
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pgid:
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGKILL)
+                return
+
+
+def oom_kills(container_id: str) -> int | None:
+    """The container's OOM-kill count from its memory cgroup (v1 or v2), None if unreadable."""
+    cg = "/sys/fs/cgroup"
+    for path in (f"{cg}/memory/docker/{container_id}/memory.oom_control",
+                 f"{cg}/system.slice/docker-{container_id}.scope/memory.events",
+                 f"{cg}/docker/{container_id}/memory.events"):  # fmt: skip
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(path).read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    return None
+
+
+@dataclass
+class CallResult:
+    code: int | None  # None: killed (timeout or overflow)
+    out: bytes  # empty when streamed into a file
+    err: bytes
+    out_size: int  # stdout bytes seen (up to the cap + one frame)
+    overflow: bool = False
+    timed_out: bool = False
+
+
+def _send(sock: Any, stdin: bytes | Path) -> None:
+    """Write stdin and close it; a program that exits without reading it all is no error."""
+    try:
+        if isinstance(stdin, Path):
+            with stdin.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    sock.sendall(chunk)
+        elif stdin:
+            sock.sendall(stdin)
+        sock.shutdown(socket.SHUT_WR)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _recv_exact(sock: Any, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+class Sandbox:
+    """One started container: commands and program calls as the sandbox user."""
+
+    def __init__(self, client: Any, container_id: str, cfg: SandboxSettings, user: str) -> None:
+        self.client, self.container_id, self.cfg, self.user = client, container_id, cfg, user
+        self.dead = ""  # why the container can run no more commands
+
+    async def _api(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        def call() -> T:
+            with docker_errors(self.cfg.image):
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(call)
+
+    # -- bash ---------------------------------------------------------------------------
+
+    async def run(self, command: str, timeout_s: float, env: Mapping[str, str]) -> ProcessResult:
+        if self.dead:
+            raise OrchError(self.dead)
+        cid, api = self.container_id, self.client.api
+        extra = {k: v for k, v in env.items()
+                 if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")}  # fmt: skip
+        oom_before = oom_kills(cid)
+        made = await self._api(
+            api.exec_create, cid, [self.cfg.shell, "-c", command], stdout=True, stderr=True,
+            workdir=WORKSPACE, user=self.user, environment=extra,
+        )  # fmt: skip
+        pump = _Pump(api, str(made["Id"]), asyncio.get_running_loop())
+        timed_out = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(pump.done)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            info = await await_shielded(self._end_exec(pump))
+        if pump.error is not None and not timed_out:
+            raise self._dead_error(pump.error)
+        output = b"".join(pump.chunks).decode("utf-8", errors="replace")
+        code = None if timed_out else info.get("ExitCode")
+        if code == 137:
+            after = oom_kills(cid)
+            if after is not None and oom_before is not None and after > oom_before:
+                output += f"\n[killed: out of memory (sandbox mem_limit {self.cfg.mem_limit})]"
+        return ProcessResult(
+            exit_code=code, output=output, timed_out=timed_out, truncated_bytes=pump.dropped
+        )
+
+    def _dead_error(self, error: BaseException) -> OrchError:
+        if self.dead:
+            return OrchError(self.dead)
+        return OrchError(f"the sandbox container stopped answering ({str(error)[:160]})")
+
+    async def _end_exec(self, pump: _Pump) -> dict[str, Any]:
+        """Kill what is left of the exec's process group; make sure the command is over."""
+        cid, api = self.container_id, self.client.api
+        info: dict[str, Any] = {}
+        deadline = time.monotonic() + KILL_GRACE_S
+        while True:
+            with contextlib.suppress(OrchError):
+                info = await self._api(api.exec_inspect, pump.exec_id)
+            kill_exec_group(int(info.get("Pid") or 0), cid)
+            if pump.done.done() or time.monotonic() > deadline:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pump.done), 0.25)
+        if not pump.done.done():  # the last resort: nothing in the container survives
+            self.dead = (
+                "the sandbox container was killed to stop a command that would not die; "
+                "this run can run no more commands"
+            )
+            with contextlib.suppress(OrchError):
+                await self._api(api.kill, cid)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pump.done), KILL_GRACE_S)
+        return info
+
+    # -- programs with stdin and a capped stdout -----------------------------------------
+
+    async def call(
+        self, argv: Sequence[str], stdin: bytes | Path = b"", *, out_cap: int, timeout_s: float,
+        env: Mapping[str, str] | None = None, out_file: IO[bytes] | None = None,
+    ) -> CallResult:  # fmt: skip
+        """Run ``argv`` in ``/workspace`` with ``stdin`` (bytes, or a host file orch owns,
+        streamed); stdout kept (or written to
+        ``out_file``) up to ``out_cap`` bytes, stderr up to 64 KiB. Past the cap or the
+        timeout the program's process group is killed. Runs in a thread: a cancel waits
+        for it (it is bounded by ``timeout_s``)."""
+        if self.dead:
+            raise OrchError(self.dead)
+        return await await_shielded(
+            asyncio.to_thread(
+                self._call_sync, list(argv), stdin, out_cap, timeout_s, dict(env or {}), out_file
+            )  # fmt: skip
+        )
+
+    def _call_sync(
+        self, argv: list[str], stdin: bytes | Path, out_cap: int, timeout_s: float,
+        env: dict[str, str], out_file: IO[bytes] | None,
+    ) -> CallResult:  # fmt: skip
+        api, cid = self.client.api, self.container_id
+        deadline = time.monotonic() + timeout_s
+        with docker_errors(self.cfg.image):
+            made = api.exec_create(cid, argv, stdin=True, stdout=True, stderr=True,
+                                   workdir=WORKSPACE, user=self.user, environment=env)  # fmt: skip
+            exec_id = str(made["Id"])
+            wrapped = api.exec_start(exec_id, socket=True)
+        sock = getattr(wrapped, "_sock", wrapped)
+        out, err = bytearray(), bytearray()
+        seen, overflow, timed_out = 0, False, False
+        try:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            _send(sock, stdin)
+            while True:
+                sock.settimeout(max(0.05, deadline - time.monotonic()))
+                header = _recv_exact(sock, 8)
+                if len(header) < 8:
+                    break
+                kind, size = struct.unpack(">BxxxL", header)
+                data = _recv_exact(sock, size)
+                if kind == 1:
+                    seen += len(data)
+                    if seen > out_cap:
+                        overflow = True
+                        break
+                    if out_file is not None:
+                        out_file.write(data)
+                    else:
+                        out += data
+                elif len(err) < ERR_CAP:
+                    err += data[: ERR_CAP - len(err)]
+        except TimeoutError:
+            timed_out = True
+        except OSError as e:
+            raise self._dead_error(e) from None
+        finally:
+            with contextlib.suppress(Exception):
+                sock.close()
+            with contextlib.suppress(Exception):
+                wrapped.close()
+        info: dict[str, Any] = {}
+        end = time.monotonic() + KILL_GRACE_S
+        while True:
+            with contextlib.suppress(Exception):
+                info = api.exec_inspect(exec_id)
+            if overflow or timed_out:
+                kill_exec_group(int(info.get("Pid") or 0), cid)
+            if not info.get("Running") or time.monotonic() > end:
+                break
+            time.sleep(0.02)
+        code = None if overflow or timed_out else info.get("ExitCode")
+        return CallResult(code, bytes(out), bytes(err), seen, overflow, timed_out)
