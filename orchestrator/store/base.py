@@ -38,10 +38,10 @@ def bound_transcript(
     and then the most recent turns that fit, starting at an assistant message so the
     conversation still alternates; every backend keeps the same text.
     """
-    text = json.dumps(messages, separators=(",", ":"))
+    text = json.dumps(messages, separators=(",", ":"), default=str)
     if len(text) <= limit or len(messages) < 2:
         return text, False
-    sizes = [len(json.dumps(m, separators=(",", ":"))) + 1 for m in messages]
+    sizes = [len(json.dumps(m, separators=(",", ":"), default=str)) + 1 for m in messages]
     budget = limit - sizes[0] - 200  # the note
     start = len(messages)
     used = 0
@@ -58,7 +58,7 @@ def bound_transcript(
     )
     note = f"[transcript cut: {start - 1} earlier messages dropped to fit {limit:,} bytes]"
     first["content"] = [*blocks, {"type": "text", "text": note}]
-    return json.dumps([first, *messages[start:]], separators=(",", ":")), True
+    return json.dumps([first, *messages[start:]], separators=(",", ":"), default=str), True
 
 
 def make_private(path: Path, mode: int, *, created: bool = False) -> None:
