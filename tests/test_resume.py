@@ -377,3 +377,14 @@ def test_orch_resume_from_the_cli(project: Path) -> None:
     # an unknown id is a usage error
     r = orch("resume", "r-000000000000", "x", "--model", f"scripted:{second}", cwd=repo)
     assert r.returncode != 0 and "no run" in r.stderr
+
+
+def test_a_branch_left_by_no_change_run_is_not_continued(project: Path) -> None:
+    """A worktree run that changed nothing left no branch: its continuation makes a new one."""
+    from orchestrator.admission import branch_exists
+
+    repo = init_repo(project)
+    git(repo, "branch", "orch/general/kept")
+    assert branch_exists(repo, "orch/general/kept")
+    assert not branch_exists(repo, "orch/general/gone")
+    assert not branch_exists(project.parent, "orch/general/kept")  # not a repository
