@@ -10,20 +10,39 @@ tokens in total; a child past them is refused naming the budget) and the tier
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .background import me
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .errors import OrchError
-from .guidance import resolve_agent
+from .guidance import ALIASES, resolve_agent
 from .models import ModelProvider
 from .policy import child_tools
 from .run import RunRecord, new_chain_id, new_run_id
 from .spec import Budgets, RunSpec
 from .store import RunStore
 from .tools.base import ToolRegistry
-from .workspaces.registry import choose_tier
+from .workspaces.registry import choose_tier, tier_config
+
+MAX_RESUMES = 100  # how far back a resumed run's lineage is followed
+
+
+def branch_exists(workdir: Path, branch: str) -> bool:
+    """Whether the repository of ``workdir`` has ``refs/heads/<branch>`` (a run that
+    changed nothing left no branch: its continuation starts a new one)."""
+    from .git import git_sync
+    from .repo import discover_sync
+
+    try:
+        repo = discover_sync(workdir)
+        found = git_sync(
+            "rev-parse", "--verify", "-q", f"refs/heads/{branch}", repo=repo, check=False
+        )
+    except OrchError:
+        return False
+    return found.code == 0
 
 
 class Admission:
@@ -51,9 +70,16 @@ class Admission:
     ) -> tuple[RunRecord, RunSpec]:
         """The record of a new run (not yet stored) and its resolved spec; refusals raise
         OrchError with a message the caller (often a model) can act on."""
+        resumed = self.resumable(spec, parent) if spec.resume else None
+        if resumed is not None:
+            spec = self.continuation(spec, resumed)
         definition = driving or resolve_agent(self.catalog, spec.agent)
         requested = definition.allowed_tools(self.tools.names())
-        if parent is None:
+        if resumed is not None and parent is None:  # a root goes on in its own chain
+            chain_id, depth, max_depth = resumed.chain_id, resumed.depth, resumed.max_depth
+            allowed = requested
+            model = self.models.resolve(spec.model or resumed.model)
+        elif parent is None:
             spec = spec.model_copy(update={"workdir": spec.workdir.resolve()})
             chain_id, depth = new_chain_id(), 0
             max_depth = self.settings.max_depth
@@ -77,7 +103,7 @@ class Admission:
                     )
             allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
             model = self.models.resolve(spec.model or definition.model or parent.model or None)
-        budgets = self.budgets(parent, chain_id)
+        budgets = self.budgets(parent or resumed, chain_id)
         tier = choose_tier(
             spec.workspace, definition.isolation, parent.isolation if parent else None
         )
@@ -89,8 +115,11 @@ class Admission:
             parent_run_id=parent.run_id if parent else None,
             depth=depth,
             max_depth=max_depth,
+            resumed_from=resumed.run_id if resumed else None,
             agent=definition.name,
-            description=spec.description or (spec.prompt[:80] if parent is None else ""),
+            description=spec.description
+            or (resumed.description if resumed else "")
+            or (spec.prompt[:80] if parent is None else ""),
             isolation=tier.type,
             background=spec.background or (definition.background and parent is not None),
             model=model,
@@ -110,9 +139,66 @@ class Admission:
         )
         return record, resolved
 
+    def resumable(self, spec: RunSpec, parent: RunRecord | None) -> RunRecord:
+        """The run ``spec.resume`` names, if it may be continued by this caller: it exists,
+        was started by the same parent (a root: is a root), has ended, and has a transcript."""
+        rid = spec.resume or ""
+        old = self.store.get_run(rid)
+        if old is None or old.parent_run_id not in self.callers(parent):
+            whose = "by this agent" if parent else "as a root run (resume a child through task)"
+            raise OrchError(f"cannot resume {rid!r}: no such task was started {whose}")
+        if not old.status.ended:
+            raise OrchError(
+                f"cannot resume {rid}: it is still {old.status.value}; wait for it "
+                "(task_output) or stop it (task_stop) first"
+            )
+        if self.store.transcript(rid) is None:
+            raise OrchError(
+                f"cannot resume {rid}: its conversation was not kept (transcript_retention_days); "
+                "start a new task"
+            )
+        return old
+
+    def callers(self, parent: RunRecord | None) -> set[str | None]:
+        """Whose children ``parent`` may resume: its own, and those of the runs it continues
+        (a resumed run's conversation holds their task_ids)."""
+        if parent is None:
+            return {None}
+        mine: set[str | None] = {parent.run_id}
+        before = parent.resumed_from
+        while before is not None and before not in mine and len(mine) < MAX_RESUMES:
+            mine.add(before)
+            prior = self.store.get_run(before)
+            before = prior.resumed_from if prior else None
+        return mine
+
+    def continuation(self, spec: RunSpec, old: RunRecord) -> RunSpec:
+        """The spec of a resumed run: the old run's agent, model, base directory and tier,
+        going on with its branch when it left one (worktree, container)."""
+        if spec.agent is not None and old.agent not in (spec.agent, ALIASES.get(spec.agent)):
+            raise OrchError(f"cannot resume {old.run_id} as {spec.agent!r}: it is {old.agent!r}")
+        before = RunSpec.model_validate(old.options["spec"])
+        tier = before.workspace or tier_config(old.isolation)
+        branch = old.workspace.get("branch")
+        if "branch" in type(tier).model_fields:
+            kept = isinstance(branch, str) and branch_exists(before.workdir, branch)
+            tier = tier.model_copy(update={"branch": branch if kept else None})
+        if spec.workspace is not None and spec.workspace.type != tier.type:
+            raise OrchError(
+                f"cannot resume {old.run_id} in {spec.workspace.type!r}: it ran in {tier.type!r}"
+            )
+        return spec.model_copy(
+            update={
+                "agent": old.agent,
+                "model": spec.model or old.model,
+                "workdir": before.workdir,
+                "workspace": tier,
+            }
+        )
+
     def budgets(self, parent: RunRecord | None, chain_id: str) -> Budgets:
         """The chain's budgets (set by its root, kept by every run of it); a new child
-        past the total runs or tokens is refused, naming the budget."""
+        (or a resumed root) past the total runs or tokens is refused, naming the budget."""
         s = self.settings
         mine = Budgets(
             running=s.max_chain_running, runs=s.max_chain_runs, tokens=s.max_chain_tokens

@@ -113,6 +113,32 @@ def cut(text: str, limit: int, where: str = "") -> str:
     return text[:limit] + f"\n[output cut at {limit:,} of {len(text):,} characters{more}]"
 
 
+def continued(history: list[Message], prompt: str) -> list[Message]:
+    """A stored conversation with ``prompt`` as its next user message (added to the last
+    message when that is the user's already, e.g. the tool results of an interrupted run)."""
+    messages = [dict(m) for m in history]
+    last = messages[-1]
+    if last.get("role") != "user":
+        return [*messages, {"role": "user", "content": prompt}]
+    content = last["content"]
+    blocks: list[Block] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    )
+    messages[-1] = {"role": "user", "content": [*blocks, {"type": "text", "text": prompt}]}
+    return messages
+
+
+def tool_use_ids(messages: list[Message]) -> set[str]:
+    """The tool_use ids a conversation used already (a resumed one must not reuse them)."""
+    return {
+        str(b.get("id"))
+        for m in messages
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    }
+
+
 class AgentRun:
     def __init__(
         self,
@@ -156,11 +182,15 @@ class AgentRun:
                 parts.append(f"\n# Skill: {name}\n{ctx.catalog.skills[name].body}")
         return "\n".join(parts)
 
-    async def run(self, prompt: str) -> LoopOutcome:
+    async def run(self, prompt: str, history: list[Message] | None = None) -> LoopOutcome:
+        """Run to a final answer. A fresh conversation has the prompt as its one and only
+        first message; a resumed one (``history``: a stored transcript) goes on with the
+        prompt as its next user message."""
         ctx = self.ctx
-        # A fresh conversation: the prompt is the one and only first message.
-        self.messages = [{"role": "user", "content": prompt}]
+        self.messages = continued(history, prompt) if history else []
+        self.messages = self.messages or [{"role": "user", "content": prompt}]
         self.ledger = CallLedger()
+        self.ledger.tool_use_ids.update(tool_use_ids(self.messages))
         system = self.system_prompt()
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start
@@ -200,8 +230,10 @@ class AgentRun:
                 # The answer was cut at the output limit: ask for the rest, keep the part.
                 self.cut_parts.append(response.raw_text)
                 self.messages.append({"role": "user", "content": CONTINUE})
+                self._save()
                 continue
             if not calls:
+                self._save()
                 if self.before_finish is not None and await self.before_finish(ctx):
                     self.messages.append({"role": "user", "content": self._take_notes()})
                     continue
@@ -210,6 +242,13 @@ class AgentRun:
                 return LoopOutcome(RunStatus.SUCCEEDED, final)
             results = await asyncio.gather(*(self._call(c) for c in calls))
             self.messages.append({"role": "user", "content": list(results)})
+            self._save()
+
+    def _save(self) -> None:
+        """Keep the conversation (for resume) at a point it is whole: after a final reply,
+        or after the tool results of a reply; a crash leaves the last whole turn."""
+        if self.ctx.settings.transcript_retention_days > 0:
+            self.ctx.store.save_transcript(self.ctx.run_id, self.messages)
 
     def _take_notes(self) -> list[Block]:
         notes, self.ctx.notifications = self.ctx.notifications, []

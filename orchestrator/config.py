@@ -205,6 +205,8 @@ class Settings(BaseModel):
     max_chain_running: int = Field(default=20, ge=1)
     max_chain_runs: int = Field(default=500, ge=1)
     max_chain_tokens: int | None = Field(default=None, ge=1)
+    # Conversations kept for `resume`, pruned this many days after their last save (0: none kept).
+    transcript_retention_days: float = Field(default=30, ge=0)
     bash_timeout_s: float = 120.0
     tool_timeout_s: float = 300.0  # any other tool call (bash: its own timeout + 15 s)
     tool_output_limit: int = 50_000

@@ -74,8 +74,9 @@ class Engine(Protocol):
 def format_child_result(record: RunRecord, limit: int) -> ToolOutput:
     """The one tool_result a parent gets for a child: status line + final text as data."""
     u, ev = record.usage, record.evidence
+    resumed = f" · resumed {record.resumed_from}" if record.resumed_from else ""
     status = (
-        f"[task {record.run_id} {record.status.value} · agent {record.agent} · "
+        f"[task {record.run_id} {record.status.value}{resumed} · agent {record.agent} · "
         f"turns {u.turns} · tool uses {u.tool_uses} · tokens {u.input_tokens} in / "
         f"{u.output_tokens} out · evidence: {len(ev.files_read)} files read, "
         f"{len(ev.files_written)} written, {len(ev.commands)} commands · "
@@ -148,6 +149,7 @@ class ChildSpawner:
                 workdir=self.root,
                 workspace=tier_config(args.isolation) if args.isolation else None,
                 background=args.run_in_background,
+                resume=args.resume,
             )
             handle = await engine.spawn(spec)
         except (OrchError, ValidationError) as e:

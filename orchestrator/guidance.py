@@ -49,6 +49,9 @@ run_in_background returns a task_id at once; you get a <task-notification> when 
 it ends and collect the result with task_output. Do not poll it; do other work. \
 A foreground child that runs long is moved to the background the same way.
 
+resume: a task_id of an ended child of yours continues it (its conversation, \
+workspace and branch kept) with prompt as the next message, instead of starting over.
+
 Trust but verify: the result's status line lists the files the child really \
 read and wrote, the commands it ran with their exit codes, and for worktree or \
 container children the branch and diffstat. Check the evidence (read the diff, \

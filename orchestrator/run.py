@@ -97,6 +97,7 @@ class RunRecord(BaseModel):
     parent_run_id: str | None = None
     depth: int = 0
     max_depth: int = 3
+    resumed_from: str | None = None  # the run whose conversation this one continues
     agent: str = "general"
     description: str = ""
     isolation: str = "shared"
@@ -132,6 +133,7 @@ class RunRecord(BaseModel):
             agent=self.agent,
             isolation=self.isolation,
             status=self.status,
+            resumed_from=self.resumed_from,
             summary=self.output or self.summary,
             error=self.error,
             evidence=self.evidence,
@@ -153,6 +155,7 @@ class RunResult(BaseModel):
     agent: str
     isolation: str
     status: RunStatus
+    resumed_from: str | None = None
     summary: str
     error: str | None
     evidence: Evidence

@@ -189,6 +189,7 @@ class Runner:
                     "isolation": record.isolation,
                     "description": record.description,
                     "background": record.background,
+                    **({"resumed_from": record.resumed_from} if record.resumed_from else {}),
                 },
             )
         return record
@@ -282,6 +283,7 @@ class Runner:
                 "parent_run_id": record.parent_run_id,
                 "allowed_tools": record.allowed_tools,
                 "isolation": record.isolation,
+                "resumed_from": record.resumed_from,
             },
         )
         wspec = WorkspaceSpec(
@@ -386,7 +388,12 @@ class Runner:
             async with asyncio.timeout(timeout_seconds), stall:
                 if driver is not None:
                     return await driver.drive(record, self)
-                return await loop.run(record.prompt)
+                history = None
+                if record.resumed_from is not None:
+                    history = self.store.transcript(record.resumed_from)
+                    if history is None:
+                        raise OrchError(f"the conversation of {record.resumed_from} is gone")
+                return await loop.run(record.prompt, history)
         except TimeoutError:
             why = (
                 f"stalled: no progress for {self.settings.stall_timeout:g}s"

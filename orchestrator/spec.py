@@ -51,6 +51,9 @@ class RunSpec(BaseModel):
     workspace: WorkspaceConfig | None = None
     limits: Limits = Field(default_factory=Limits)
     background: bool = False
+    # A run id: continue that ended run's conversation with ``prompt`` as the next user
+    # message (a new run, same agent, tier, branch and chain; see admission.resumable).
+    resume: str | None = None
 
     @field_validator("prompt")
     @classmethod

@@ -21,6 +21,7 @@ RESULT_KEYS = {
     "depth",
     "agent",
     "isolation",
+    "resumed_from",
     "status",
     "summary",
     "error",

@@ -101,6 +101,8 @@ def open_project(
         announce_trust(trust)
     store = open_store(root)
     reconcile(store)  # every command first settles runs whose owner is gone
+    days = settings.transcript_retention_days  # and drops conversations kept too long
+    store.prune_transcripts(time.time() - days * 86_400)
     return Project(root=root, workdir=wd.resolve(), settings=settings, store=store, trust=trust)
 
 

@@ -233,6 +233,57 @@ def task(
 
 @app.command()
 @handles_errors
+def resume(
+    run_id: Annotated[str, typer.Argument(help="An ended root run (id or unique prefix).")],
+    prompt: Annotated[str, typer.Argument(help="What it should do next.")],
+    background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
+    model: Annotated[
+        str | None, typer.Option(help="Alias, id, or scripted:FILE (default: the run's).")
+    ] = None,
+    agents_dir: Annotated[
+        list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
+    ] = None,
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue an ended root run: its conversation, workspace and branch, with PROMPT next.
+
+    A new run (its record says resumed_from) in the same chain, with the same agent and
+    tier; a child is resumed by its parent through `task {resume}`."""
+    if not prompt.strip():
+        raise UsageError("the prompt is empty; say what the agent should do next")
+    from ..models import ModelProvider
+    from ..spec import RunSpec
+
+    project = open_project(workdir, model=model)
+    old = find_run(project.store, run_id)
+    if background and model and model.startswith("scripted:"):
+        model = "scripted:" + str(Path(model.removeprefix("scripted:")).resolve())
+    provider = ModelProvider(project.settings, model)
+    provider.check_ready()
+    spec = RunSpec(
+        prompt=prompt, workdir=project.workdir, resume=old.run_id, background=background,
+        model=None if model is None or model.startswith("scripted:") else model,
+    )  # fmt: skip
+    runner = make_runner(
+        project, provider, agents_dir or [], model_spec=model, overrides={"model": model}
+    )
+    record = run_tree(runner, spec)
+    if background:
+        if as_json:
+            print_json(
+                {"run_id": record.run_id, "chain_id": record.chain_id,
+                 "resumed_from": old.run_id, "status": "running"}
+            )  # fmt: skip
+        else:
+            out.print(record.run_id)
+            err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")
+        return
+    report(project, record, as_json, provider.scripted)
+
+
+@app.command()
+@handles_errors
 def demo(
     workdir: Annotated[
         Path | None, typer.Option("--workdir", "-C", help="Where to make the demo project.")

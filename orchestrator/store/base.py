@@ -1,8 +1,9 @@
 """The contract of a run store: exactly what the engine and the CLI ask of it.
 
 A store keeps ``runs`` (one record per run), their append-only ``events``,
-their whole ``outputs`` and the ``resources`` they own (process groups,
-worktrees, containers), and is shared by every ``orch`` process of a project.
+their whole ``outputs``, their ``transcripts`` (the conversation as sent to the
+model, plain JSON, for ``resume``) and the ``resources`` they own (process
+groups, worktrees, containers), and is shared by every ``orch`` process of a project.
 SQLite (:mod:`orchestrator.store.sqlite`) is the implementation today; a
 Postgres one (psycopg 3) must fit the same protocol, so nothing here names a
 file, a connection or a driver: messages say where the runs are with
@@ -14,6 +15,7 @@ processes writing the same store at the same time; reads see committed data.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import dataclass
@@ -24,6 +26,39 @@ from ..run import RunRecord, RunStatus
 from ..workspaces.base import ResourceSink
 
 STATE_DIR_MODE = 0o700
+TRANSCRIPT_LIMIT = 2 * 1024 * 1024  # bytes of JSON kept per transcript
+
+
+def bound_transcript(
+    messages: list[dict[str, Any]], limit: int = TRANSCRIPT_LIMIT
+) -> tuple[str, bool]:
+    """The JSON a store keeps for a transcript, and whether it was cut.
+
+    Over ``limit`` characters of JSON, the first message (the task) is kept with a note
+    and then the most recent turns that fit, starting at an assistant message so the
+    conversation still alternates; every backend keeps the same text.
+    """
+    text = json.dumps(messages, separators=(",", ":"), default=str)
+    if len(text) <= limit or len(messages) < 2:
+        return text, False
+    sizes = [len(json.dumps(m, separators=(",", ":"), default=str)) + 1 for m in messages]
+    budget = limit - sizes[0] - 200  # the note
+    start = len(messages)
+    used = 0
+    for i in range(len(messages) - 1, 0, -1):
+        if used + sizes[i] > budget:
+            break
+        used += sizes[i]
+        if messages[i].get("role") == "assistant":
+            start = i  # a tail may begin only here
+    first = dict(messages[0])
+    content = first.get("content")
+    blocks: list[Any] = (
+        list(content) if isinstance(content, list) else [{"type": "text", "text": str(content)}]
+    )
+    note = f"[transcript cut: {start - 1} earlier messages dropped to fit {limit:,} bytes]"
+    first["content"] = [*blocks, {"type": "text", "text": note}]
+    return json.dumps([first, *messages[start:]], separators=(",", ":"), default=str), True
 
 
 def make_private(path: Path, mode: int, *, created: bool = False) -> None:
@@ -158,6 +193,21 @@ class RunStore(ResourceSink, Protocol):
 
     def output(self, run_id: str) -> str | None:
         """The whole output text of a run, or None if none was saved."""
+        ...
+
+    # -- transcripts (resume) ---------------------------------------------------
+    def save_transcript(self, run_id: str, messages: list[dict[str, Any]]) -> None:
+        """Store (or replace) a run's conversation as sent to the model, one transaction;
+        bounded by :func:`bound_transcript` (the first message and the latest turns)."""
+        ...
+
+    def transcript(self, run_id: str) -> list[dict[str, Any]] | None:
+        """A run's saved conversation, or None if none was saved (or it was pruned)."""
+        ...
+
+    def prune_transcripts(self, older_than: float) -> int:
+        """Delete transcripts last saved before ``older_than`` (epoch seconds), one
+        transaction on an indexed column; returns how many went."""
         ...
 
     # -- resources (ResourceSink) ---------------------------------------------

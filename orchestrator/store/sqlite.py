@@ -2,7 +2,8 @@
 
 Tables: ``runs`` (one row per run: its QueryChain position, limits, status,
 progress and result), ``events`` (append-only: run_started, tool_call,
-tool_result, child_spawned, run_finished, ...) and ``resources`` (process
+tool_result, child_spawned, run_finished, ...), ``outputs``, ``transcripts``
+(a run's conversation as JSON text, bounded, for resume) and ``resources`` (process
 groups, worktrees, containers a run owns, registered as they start, so a
 crashed owner's leftovers can be found and reaped).
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import ChainUsage, make_private, state_dir
+from .base import ChainUsage, bound_transcript, make_private, state_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -68,6 +69,13 @@ CREATE TABLE IF NOT EXISTS outputs (
     run_id TEXT PRIMARY KEY,
     text TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS transcripts (
+    run_id TEXT PRIMARY KEY,
+    saved_at REAL NOT NULL,
+    truncated INTEGER NOT NULL DEFAULT 0,
+    messages TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transcripts_saved ON transcripts(saved_at);
 """
 
 RECENT_ACTIVITIES = 5
@@ -378,6 +386,36 @@ class SqliteStore:
             self._conn().execute("SELECT text FROM outputs WHERE run_id = ?", (run_id,)).fetchone()
         )
         return str(row[0]) if row else None
+
+    # -- transcripts --------------------------------------------------------------
+    def save_transcript(self, run_id: str, messages: list[dict[str, Any]]) -> None:
+        text, truncated = bound_transcript(messages)
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO transcripts (run_id, saved_at, truncated, messages)"
+                " VALUES (?, ?, ?, ?)",
+                (run_id, now(), int(truncated), text),
+            )
+
+    def transcript(self, run_id: str) -> list[dict[str, Any]] | None:
+        row = (
+            self._conn()
+            .execute("SELECT messages FROM transcripts WHERE run_id = ?", (run_id,))
+            .fetchone()
+        )
+        if row is None:
+            return None
+        messages: list[dict[str, Any]] = json.loads(row[0])
+        return messages
+
+    def prune_transcripts(self, older_than: float) -> int:
+        # a read first: most commands find nothing to prune and take no write lock
+        probe = "SELECT 1 FROM transcripts WHERE saved_at < ? LIMIT 1"
+        if self._conn().execute(probe, (older_than,)).fetchone() is None:
+            return 0
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM transcripts WHERE saved_at < ?", (older_than,))
+            return int(cur.rowcount)
 
     # -- resources (ResourceSink) -------------------------------------------------
     def register_resource(self, run_id: str, kind: str, ref: str) -> None:

@@ -42,6 +42,11 @@ class TaskInput(ToolInput):
         "Never weaker than your own.",
         json_schema_extra={"enum": list(TIER_NAMES)},
     )
+    resume: str | None = Field(
+        default=None,
+        description="A task_id of yours that has ended: that child goes on with its own "
+        "conversation, workspace and branch, and this prompt as its next message.",
+    )
     run_in_background: bool = Field(
         default=False,
         description="Return at once with a task_id; you are notified when it finishes, "
