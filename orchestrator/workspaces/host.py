@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -33,6 +34,9 @@ GREP_LINE_CHARS = 300
 
 Exec = Callable[..., Awaitable[ProcessResult]]
 CHAIN_ENV = ("ORCH_CHAIN_ID", "ORCH_PARENT_RUN_ID", "ORCH_DEPTH")
+# orch's interpreter and package, read-only inside the sandbox even where the private /tmp
+# would cover them, so an `orch` started by a command finds itself (and joins the chain)
+ORCH_ITSELF = (Path(sys.prefix), Path(__file__).resolve().parents[2])
 
 
 def os_sandbox_of(spec: WorkspaceSpec) -> str:
@@ -73,7 +77,7 @@ async def run_confined(
         hidden.append(Path(state))
     box = OsSandbox(
         workspace=workspace,
-        read_only_within=read_only_within,
+        read_only_within=(*read_only_within, *ORCH_ITSELF),
         hidden=default_hidden(None, *hidden),
         network=spec.options.get("network") == "host",
         env=box_env,
