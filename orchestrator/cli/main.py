@@ -48,6 +48,9 @@ WorkdirOpt = Annotated[
     Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+AgentsDirOpt = Annotated[
+    list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
+]
 
 
 def _register_subapps() -> None:
@@ -175,9 +178,7 @@ def task(
     timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Seconds before the run times out.")
     ] = None,
-    agents_dir: Annotated[
-        list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
-    ] = None,
+    agents_dir: AgentsDirOpt = None,
     workdir: WorkdirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -240,9 +241,7 @@ def resume(
     model: Annotated[
         str | None, typer.Option(help="Alias, id, or scripted:FILE (default: the run's).")
     ] = None,
-    agents_dir: Annotated[
-        list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
-    ] = None,
+    agents_dir: AgentsDirOpt = None,
     workdir: WorkdirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
