@@ -1,4 +1,4 @@
-"""Policy: path confinement, the bash deny list, secret scrubbing, hooks."""
+"""Policy: the bash deny list, secret scrubbing, hooks (file paths: test_file_paths.py)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,6 @@ from hypothesis import strategies as st
 from orchestrator.commands import shell_split, simple_commands
 from orchestrator.config import HookCommand, Settings
 from orchestrator.policy import Policy, run_hooks, scrubbed_env
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "repo"
-    (r / "src").mkdir(parents=True)
-    (r / "src" / "a.py").write_text("x = 1\n")
-    (r / ".git" / "hooks").mkdir(parents=True)
-    (r / ".git" / "config").write_text("[core]\n")
-    return r
 
 
 @pytest.mark.parametrize(
