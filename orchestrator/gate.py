@@ -46,13 +46,21 @@ class ChainGate:
             self._places.release()
         try:
             yield
-        finally:
-            left = self._waits.get(run_id, 1) - 1
-            if left > 0:
-                self._waits[run_id] = left
-            else:
-                self._waits.pop(run_id, None)
-                await self._reenter(run_id)  # cancelled here: no place taken, none leaked
+        except BaseException:
+            # Cancelled (or failing) while waiting: the run is ending, and its children may
+            # hold every place; waiting for one here would never end.
+            self._done_waiting(run_id)
+            raise
+        if self._done_waiting(run_id) == 0:
+            await self._reenter(run_id)  # cancelled here: no place taken, none leaked
+
+    def _done_waiting(self, run_id: str) -> int:
+        left = self._waits.get(run_id, 1) - 1
+        if left > 0:
+            self._waits[run_id] = left
+        else:
+            self._waits.pop(run_id, None)
+        return max(left, 0)
 
     async def _reenter(self, run_id: str) -> None:
         if run_id not in self._held:

@@ -364,3 +364,50 @@ def test_tree_shows_the_chains_use_of_its_budgets(project: Path) -> None:
     assert root["chain"]["runs"] == 2 and root["chain"]["live"] == 0
     assert root["chain"]["budgets"] == {"running": 20, "runs": 50, "tokens": 99999}
     assert "chain" not in [x for x in rows if x["depth"] == 1][0]
+
+
+class _Idle:
+    """The root starts ``n`` background children that never answer; it then waits for them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def complete(self, request: Any) -> Any:
+        from orchestrator.models.base import ModelResponse
+
+        if request.depth == 0:
+            if len(request.messages) == 1:
+                calls = [
+                    {"type": "tool_use", "id": f"t{i}", "name": "task",
+                     "input": {"prompt": "idle", "run_in_background": True}}
+                    for i in range(self.n)
+                ]  # fmt: skip
+                return ModelResponse(content=calls, stop_reason="tool_use")
+            return ModelResponse(content=[{"type": "text", "text": "done"}])
+        await asyncio.sleep(3600)
+        raise AssertionError("never answers")
+
+
+def test_cancelling_a_chain_that_fills_its_gate_ends_promptly(tmp_path: Path) -> None:
+    """The root waits for children holding every place: cancelling it must not wait for one."""
+    cfg = Settings(max_parallel_children=50, max_chain_running=5)
+    runner = Runner(
+        settings=cfg,
+        store=open_store(tmp_path),
+        catalog=load_catalog(tmp_path),
+        models=ModelProvider(cfg, model=_Idle(12)),
+        provision=provisioner(FakeRuntime()),
+    )
+
+    async def main() -> None:
+        job = asyncio.create_task(runner.run(RunSpec(prompt="go", workdir=tmp_path)))
+        while len(runner.jobs) < 13:  # noqa: ASYNC110 - polls the runner from outside
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        job.cancel()
+        done, _ = await asyncio.wait({job}, timeout=5)
+        assert done, "cancelling the chain hung: the root waited for a place its children held"
+
+    asyncio.run(main())
+    statuses = {r.status for r in runner.store.list_runs()}
+    assert statuses == {RunStatus.CANCELLED}
