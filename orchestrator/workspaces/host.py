@@ -41,7 +41,8 @@ ORCH_ITSELF = (Path(sys.prefix), Path(__file__).resolve().parents[2])
 
 def os_sandbox_of(spec: WorkspaceSpec) -> str:
     """How the run's host-tier commands are confined: "bwrap" or "off" (unsandboxed)."""
-    return SandboxSettings.model_validate(spec.options.get("sandbox") or {}).os
+    sandbox = spec.options.get("sandbox") or {}  # SandboxSettings dumped: validated already
+    return str(sandbox.get("os", SandboxSettings.model_fields["os"].default))
 
 
 def os_sandbox_mode(spec: WorkspaceSpec) -> str:
