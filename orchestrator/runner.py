@@ -84,7 +84,6 @@ class Runner:
             for tool in delegation_tools():
                 self.tools.add(tool)
         self.jobs: dict[str, asyncio.Task[RunRecord]] = {}  # live runs of this process
-        self._drivers: dict[str, Driver] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._progress: dict[str, float] = {}  # run id -> monotonic time of its last progress
         self._env: dict[str, str] | None = None
@@ -176,8 +175,6 @@ class Runner:
         )
         self.store.create_run(record)
         self._live[record.run_id] = (record, resolved)
-        if driver is not None:
-            self._drivers[record.run_id] = driver
         if parent is not None:
             self.store.add_event(
                 parent.run_id,
@@ -258,7 +255,6 @@ class Runner:
             if record.depth == 0 and gate.working == 0:
                 self._gates.pop(record.chain_id, None)
             self._slots.pop(record.run_id, None)
-            self._drivers.pop(record.run_id, None)
             self._live.pop(record.run_id, None)
 
     async def _run(self, record: RunRecord, driver: Driver | None) -> RunRecord:
