@@ -196,11 +196,11 @@ async def base_bundle(repo: RepoPaths, commit: str) -> Path:
 
 async def bundle_commit(repo: RepoPaths, commit: str, dest: Path, ref: str) -> None:
     """``dest``: a bundle of ``commit`` (all its history) under the name ``ref``."""
-    await git("update-ref", ref, commit, repo=repo)
-    try:
+    try:  # the ref goes whatever happens, also when cancelled while it is being made
+        await git("update-ref", ref, commit, repo=repo)
         await git("bundle", "create", "-q", str(dest), ref, repo=repo)
     finally:
-        await git("update-ref", "-d", ref, repo=repo, check=False)
+        await asyncio.shield(git("update-ref", "-d", ref, repo=repo, check=False))
 
 
 def _dir(name: str, uid: int, gid: int) -> tarfile.TarInfo:
