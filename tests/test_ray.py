@@ -1,0 +1,285 @@
+"""Runs on a real multi-node Ray cluster (tests/raycluster.py: a head and worker nodes, all
+on 127.0.0.1), driven through the real CLI: where runs execute, what comes back, cancel
+from another process, a node that dies, secrets, and that nothing leaves loopback.
+
+Skipped where Ray is not installed (``pip install 'orch[ray]'``), except under
+``CI=true`` where that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.raycluster import LOOPBACK_ENV
+from tests.support import init_repo, orch, write_script
+
+pytestmark = pytest.mark.ray
+HERE = Path(__file__).parent
+
+
+@dataclass
+class RayCluster:
+    proc: subprocess.Popen[str]
+    info: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def ask(self, line: str, timeout: float = 120) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def pids(self) -> set[int]:
+        """Every process of the cluster: the helper and all its descendants."""
+        found = {self.proc.pid}
+        grew = True
+        while grew:
+            grew = False
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid in found and int(entry.name) not in found:
+                    found.add(int(entry.name))
+                    grew = True
+        return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but Ray is not installed: .ci/run installs '.[dev,ray]'")
+        pytest.skip("Ray is not installed: pip install 'orch[ray]'")
+    where = tmp_path_factory.mktemp("ray")
+    env = {**os.environ, **LOOPBACK_ENV}
+    env.pop("RAY_ADDRESS", None)
+    with (where / "log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "raycluster.py"), str(where)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            text=True, env=env, cwd=where, start_new_session=True,
+        )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != "ready":
+        proc.kill()
+        proc.wait(10)
+        pytest.fail(f"the Ray cluster did not start: {(where / 'log').read_text()[-2000:]}")
+    info = json.loads((where / "cluster.json").read_text())
+    running = RayCluster(proc, info, {"RAY_ADDRESS": info["address"], **LOOPBACK_ENV})
+    try:
+        yield running
+    finally:
+        try:
+            running.ask("quit")
+            proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what or check}")
+
+
+def runs(repo: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    got = orch("ps", "--all", "--json", cwd=repo, env=env)
+    assert got.returncode == 0, got.stderr
+    rows: list[dict[str, Any]] = json.loads(got.stdout)
+    return rows
+
+
+def git_out(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def non_loopback(pids: set[int]) -> list[str]:
+    """TCP connections of these processes whose peer is not a loopback address."""
+    out = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True, check=True).stdout
+    bad = []
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if not owners & pids:
+            continue
+        peer = line.split()[4]
+        host = peer.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+        if not (host.startswith("127.") or host == "::1"):
+            bad.append(line)
+    return bad
+
+
+TWO_WRITERS = {
+    "conversations": [
+        {"depth": 0, "turns": [
+            {"tool_calls": [
+                {"tool": "task", "input": {"description": "write a", "prompt": "write file a",
+                                           "isolation": "worktree"}},
+                {"tool": "task", "input": {"description": "write b", "prompt": "write file b",
+                                           "isolation": "worktree"}},
+            ]},
+            {"text": "both done"},
+        ]},
+        {"depth": 1, "prompt": "file a", "latency_s": 0.5, "turns": [
+            {"tool_calls": [{"tool": "write_file", "input": {"path": "a.txt",
+                                                             "content": "from a\n"}}]},
+            {"text": "wrote a"},
+        ]},
+        {"depth": 1, "prompt": "file b", "latency_s": 0.5, "turns": [
+            {"tool_calls": [{"tool": "bash", "input": {"command": "echo from b > b.txt"}}]},
+            {"text": "wrote b"},
+        ]},
+    ]
+}  # fmt: skip
+
+
+def test_worktree_children_spread_over_two_nodes_and_come_back_as_branches(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    script = write_script(repo, TWO_WRITERS)
+    got = orch(
+        "task", "--executor", "ray", "--model", f"scripted:{script}", "--json", "write two",
+        cwd=repo, env=cluster.env, timeout=180,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    rows = runs(repo, cluster.env)
+    root = next(r for r in rows if r["depth"] == 0)
+    children = [r for r in rows if r["depth"] == 1]
+    assert len(children) == 2 and all(r["status"] == "succeeded" for r in children)
+    assert "/ray-" not in (root["node"] or "")  # a foreground root stays in its process
+    nodes = {r["node"] for r in children}
+    ids = {cluster.info["head"][:8], cluster.info["worker"][:8]}
+    assert {n.rsplit("/ray-", 1)[1] for n in nodes} == ids  # one child on each node
+    for child in children:
+        result = json.loads(orch("result", child["run_id"], "--json", cwd=repo).stdout)
+        (art,) = result["artifacts"]
+        assert art["kind"] == "branch" and art["files_changed"] == 1
+        assert git_out(repo, "rev-parse", f"refs/heads/{art['branch']}") == art["commit"]
+    branches = git_out(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/orch/")
+    assert len(branches.split()) == 2
+    for branch in branches.split():
+        merged = orch("worktrees", "merge", branch, cwd=repo)
+        assert merged.returncode == 0, merged.stderr
+    assert (repo / "a.txt").read_text() == "from a\n"
+    assert (repo / "b.txt").read_text() == "from b\n"
+    assert git_out(repo, "status", "--porcelain") == ""
+    assert non_loopback(cluster.pids()) == []
+
+
+def sleeper(seconds: int, *, write: str = "") -> dict[str, Any]:
+    before = f"echo {write} > progress.txt && " if write else ""
+    return {
+        "conversations": [
+            {"depth": 0, "turns": [
+                {"tool_calls": [{"tool": "bash", "input": {
+                    "command": f"{before}sleep {seconds}", "timeout_s": seconds + 60}}]},
+                {"text": "slept"},
+            ]},
+        ]
+    }  # fmt: skip
+
+
+def started_remotely(repo: Path, env: dict[str, str], run_id: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        row = next(r for r in runs(repo, env) if r["run_id"] == run_id)
+        return row if row["status"] == "running" and "/ray-" in (row["node"] or "") else None
+
+    found: dict[str, Any] = wait_for(check, 120, "the run to start on a node")
+    return found
+
+
+def test_cancel_from_another_process_reaches_a_run_on_a_node(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    seconds = 170 + uuid.uuid4().int % 20
+    script = write_script(repo, sleeper(seconds))
+    got = orch(
+        "task", "--executor", "ray", "--isolation", "worktree", "--background", "--json",
+        "--model", f"scripted:{script}", "sleep", cwd=repo, env=cluster.env,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    run_id = json.loads(got.stdout)["run_id"]
+    started_remotely(repo, cluster.env, run_id)
+    wait_for(lambda: f"sleep {seconds}" in _all_commands(), 60, "the command to run")
+    cancelled = orch("cancel", run_id, cwd=repo, env=cluster.env)
+    assert cancelled.returncode == 0, cancelled.stderr
+
+    def ended() -> dict[str, Any] | None:
+        row = next(r for r in runs(repo, cluster.env) if r["run_id"] == run_id)
+        return row if row["status"] not in ("queued", "running") else None
+
+    row = wait_for(ended, 60, "the run to end")
+    assert row["status"] == "cancelled"
+    wait_for(lambda: f"sleep {seconds}" not in _all_commands(), 30, "the command to be killed")
+
+
+def _all_commands() -> str:
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_a_node_that_dies_leaves_its_run_interrupted_and_the_store_whole(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    # a node of its own, the only one with enough orch_slots for the run's request
+    node = cluster.ask("add 8")
+    home = Path(os.environ["HOME"])
+    (home / ".orch").mkdir(exist_ok=True)
+    (home / ".orch" / "config.toml").write_text("[ray]\nslots = 5\n")
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    seconds = 170 + uuid.uuid4().int % 20
+    script = write_script(repo, sleeper(seconds, write="halfway"))
+    got = orch(
+        "task", "--executor", "ray", "--isolation", "worktree", "--background", "--json",
+        "--model", f"scripted:{script}", "sleep", cwd=repo, env=cluster.env,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    run_id = json.loads(got.stdout)["run_id"]
+    row = started_remotely(repo, cluster.env, run_id)
+    assert row["node"].endswith(node[:8])
+    wait_for(lambda: f"sleep {seconds}" in _all_commands(), 60, "the command to run")
+    assert cluster.ask("kill " + node) == "killed"
+
+    def ended() -> dict[str, Any] | None:
+        row = next(r for r in runs(repo, cluster.env) if r["run_id"] == run_id)
+        return row if row["status"] not in ("queued", "running") else None
+
+    row = wait_for(ended, 90, "the run to end")
+    assert row["status"] == "interrupted"
+    result = json.loads(orch("result", run_id, "--json", cwd=repo).stdout)
+    assert "was lost" in result["error"] and node[:8] in result["error"]
+    logs = orch("logs", run_id, "--json", cwd=repo, env=cluster.env)
+    events = [e["kind"] for e in json.loads(logs.stdout)]
+    assert "run_started" in events and "tool_call" in events  # what it wrote is kept
+    assert events[-1] == "run_finished"
