@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 from tests.raycluster import LOOPBACK_ENV
 from tests.support import init_repo, orch, write_script
 
@@ -283,3 +284,90 @@ def test_a_node_that_dies_leaves_its_run_interrupted_and_the_store_whole(
     events = [e["kind"] for e in json.loads(logs.stdout)]
     assert "run_started" in events and "tool_call" in events  # what it wrote is kept
     assert events[-1] == "run_finished"
+
+
+def _first_text(body: dict[str, Any]) -> str:
+    content = body["messages"][0]["content"]
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def _api_responder(body: dict[str, Any]) -> dict[str, Any]:
+    turn = len(body["messages"]) // 2
+    if "child-task" in _first_text(body):  # the child, on a node
+        if turn == 0:
+            return tool_reply(("write_file", {"path": "k.txt", "content": "from the node\n"}))
+        return text_reply("child wrote k.txt")
+    if turn == 0:
+        return tool_reply(
+            ("task", {"description": "on a node", "prompt": "child-task: write k.txt",
+                      "isolation": "worktree"})
+        )  # fmt: skip
+    return text_reply("root done")
+
+
+def test_the_api_key_reaches_nodes_through_the_runtime_env_and_nowhere_else(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    key = "sk-ant-test-" + uuid.uuid4().hex
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    with serve(FakeAPI(_api_responder)) as api:
+        env = {**cluster.env, "ANTHROPIC_API_KEY": key, "ANTHROPIC_BASE_URL": api.base_url}
+        got = orch("task", "--executor", "ray", "--model", "sonnet", "go", cwd=repo, env=env,
+                   timeout=180)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert "root done" in got.stdout
+    child = next(r for r in runs(repo, cluster.env) if r["depth"] == 1)
+    assert child["status"] == "succeeded" and "/ray-" in child["node"]
+    # the child's requests came from its node, with the key, through the real SDK
+    child_calls = [h for b, h in zip(api.requests, api.headers, strict=True)
+                   if "child-task" in _first_text(b)]  # fmt: skip
+    assert len(child_calls) == 2
+    assert all(key in h.get("x-api-key", "") + h.get("authorization", "") for h in child_calls)
+    assert git_out(repo, "show", f"orch/general/{child['run_id'][2:10]}:k.txt") == "from the node"
+    # ... and the key is in no file of the store, orch's logs, or the cluster's logs
+    leaks = [
+        str(p) for top in (repo / ".orch", Path(cluster.info["temp_dir"]))
+        for p in top.rglob("*") if p.is_file() and key.encode() in p.read_bytes()
+    ]  # fmt: skip
+    assert leaks == []
+    assert key not in got.stdout + got.stderr
+
+
+def test_a_container_child_runs_on_a_node_with_that_nodes_docker(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    image = "orch-sandbox:latest"
+    have = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
+    if have.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {image} is missing (tests/test_container.py builds it)")
+        pytest.skip(f"{image} is missing: run `orch sandbox build`")
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    script = write_script(repo, {
+        "conversations": [
+            {"depth": 0, "turns": [
+                {"tool_calls": [{"tool": "task", "input": {
+                    "description": "boxed", "prompt": "write in a box",
+                    "isolation": "container"}}]},
+                {"text": "done"},
+            ]},
+            {"depth": 1, "turns": [
+                {"tool_calls": [{"tool": "bash", "input": {
+                    "command": "id -u > uid.txt && echo boxed > c.txt"}}]},
+                {"text": "boxed"},
+            ]},
+        ]
+    })  # fmt: skip
+    got = orch("task", "--executor", "ray", "--model", f"scripted:{script}", "box it",
+               cwd=repo, env=cluster.env, timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    child = next(r for r in runs(repo, cluster.env) if r["depth"] == 1)
+    assert child["status"] == "succeeded" and child["isolation"] == "container"
+    assert "/ray-" in child["node"]
+    branch = f"orch/general/{child['run_id'][2:10]}"
+    assert git_out(repo, "show", f"{branch}:c.txt") == "boxed"
+    assert git_out(repo, "show", f"{branch}:uid.txt") == "10001"  # the sandbox user
+    assert subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=orch.run_id={child['run_id']}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip() == ""  # fmt: skip

@@ -73,12 +73,24 @@ def node_name() -> str:
     return f"{socket.gethostname()}/ray-{node_id[:8]}"
 
 
-def run_on_node(task: dict[str, Any], catalog: Catalog, bundle: bytes) -> dict[str, Any]:
-    """The Ray task: one run, adopted on this node (see the module doc)."""
+def run_on_node(
+    task: dict[str, Any], catalog: Catalog, bundle: bytes, secrets: dict[str, str]
+) -> dict[str, Any]:
+    """The Ray task: one run, adopted on this node (see the module doc). ``secrets`` (the
+    API key, a store URL) are this process's environment for the run, and only for it."""
     spec = NodeTask.model_validate(task)
     set_node(node_name())
-    with tempfile.TemporaryDirectory(prefix="orch-node-") as tmp:
-        result = asyncio.run(_run(spec, catalog, bundle, Path(tmp)))
+    saved = {k: os.environ.get(k) for k in secrets}
+    os.environ.update(secrets)
+    try:
+        with tempfile.TemporaryDirectory(prefix="orch-node-") as tmp:
+            result = asyncio.run(_run(spec, catalog, bundle, Path(tmp)))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return result.model_dump()
 
 

@@ -18,8 +18,12 @@ the normal way, work committed) and gives it ``ray.cancel_grace_s`` before
 ``ray.cancel(force=True)``. A node that dies leaves the run ``interrupted`` with its
 partial output; the store keeps all it wrote.
 
-Secrets: the API key, the Anthropic base URL and a Postgres URL reach the nodes as Ray
-runtime-env variables of this driver's job, never in a task's arguments, the store or logs.
+Secrets: the API key, the Anthropic base URL and a Postgres URL reach the nodes as one
+object in Ray's object store (``ray.put`` once per driver, passed by reference: in the
+memory of this process and of the node, over Ray's own connections), set in the node
+process's environment for the run and removed after. Not as Ray runtime-env variables:
+Ray's runtime-env agent writes those, values included, to its log files. Never in the
+store or any log (``tests/test_ray.py`` greps the store, orch's and Ray's logs).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from .node import NodeResult, NodeTask, run_on_node
 if TYPE_CHECKING:
     from ..runner import Runner
 
-# What a node's environment gets from the spawner's (runtime-env variables, never stored).
+# What a node's environment gets from the spawner's (through the object store, never stored).
 FORWARDED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "ORCH_STORE")
 _SAFE_REF = re.compile(r"^refs/heads/orch/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
@@ -68,6 +72,7 @@ class RayExecutor:
         self.cfg = runner.settings.ray
         self._bundles: dict[Path, Any] = {}  # bundle file -> its ObjectRef
         self._remote: Any = None
+        self._secrets: Any = None  # ObjectRef of the forwarded environment
         self._lock = asyncio.Lock()
 
     # -- Executor --------------------------------------------------------------------
@@ -97,7 +102,7 @@ class RayExecutor:
         data = await self._put(await base_bundle(main, start))
         task = self._task(record, start, branch)
         ref = self._remote.options(**self._options()).remote(
-            task.model_dump(), self.runner.catalog, data
+            task.model_dump(), self.runner.catalog, data, self._secrets
         )
         waited = asyncio.wrap_future(ref.future())
         try:
@@ -157,17 +162,18 @@ class RayExecutor:
 
         if not ray.is_initialized():
             where = self.cfg.address or os.environ.get("RAY_ADDRESS") or "auto"
-            env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
-            if (url := store_url(self.runner)) is not None:
-                env["ORCH_STORE"] = url
             _probe(where)
             try:
                 ray.init(
                     address=where, namespace="orch", log_to_driver=False,
-                    logging_level=logging.ERROR, runtime_env={"env_vars": env},
+                    logging_level=logging.ERROR,
                 )  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise UsageError(NO_CLUSTER.format(where=where, why=first_line(str(e)))) from e
+        env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+        if (url := store_url(self.runner)) is not None:
+            env["ORCH_STORE"] = url
+        self._secrets = ray.put(env)
         slots = ray.cluster_resources().get("orch_slots", 0)  # type: ignore[no-untyped-call]
         if slots < self.cfg.slots:
             raise UsageError(
