@@ -32,7 +32,7 @@ def main(where: Path) -> None:
     from ray.cluster_utils import Cluster
 
     common: dict[str, Any] = {"node_ip_address": "127.0.0.1", "num_cpus": 2}
-    cluster = Cluster(
+    cluster: Any = Cluster(
         initialize_head=True,
         head_node_args={
             **common, "resources": {"orch_slots": 2}, "include_dashboard": False,

@@ -8,6 +8,7 @@ Skipped where Ray is not installed (``pip install 'orch[ray]'``), except under
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -371,3 +372,90 @@ def test_a_container_child_runs_on_a_node_with_that_nodes_docker(
         ["docker", "ps", "-aq", "--filter", f"label=orch.run_id={child['run_id']}"],
         capture_output=True, text=True, check=True,
     ).stdout.strip() == ""  # fmt: skip
+
+
+def test_a_resumed_run_continues_its_branch_on_a_node(cluster: RayCluster, tmp_path: Path) -> None:
+    home = Path(os.environ["HOME"])
+    (home / ".orch").mkdir(exist_ok=True)
+    (home / ".orch" / "config.toml").write_text('executor = "ray"\n')  # every command
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+
+    def writer(path: str) -> dict[str, Any]:
+        return {"conversations": [{"turns": [
+            {"tool_calls": [{"tool": "write_file", "input": {"path": path, "content": "x\n"}}]},
+            {"text": f"wrote {path}"},
+        ]}]}  # fmt: skip
+
+    first = orch(
+        "task", "--isolation", "worktree", "--background", "--json", "--model",
+        f"scripted:{write_script(repo, writer('one.txt'), 'one.yaml')}", "one",
+        cwd=repo, env=cluster.env,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    old = json.loads(first.stdout)["run_id"]
+    done = orch("result", old, "--wait", "--json", cwd=repo, env=cluster.env, timeout=180)
+    assert json.loads(done.stdout)["status"] == "succeeded", done.stdout
+    again = orch(
+        "resume", old, "two", "--background", "--json", "--model",
+        f"scripted:{write_script(repo, writer('two.txt'), 'two.yaml')}",
+        cwd=repo, env=cluster.env,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    new = json.loads(again.stdout)["run_id"]
+    got = json.loads(
+        orch("result", new, "--wait", "--json", cwd=repo, env=cluster.env, timeout=180).stdout
+    )
+    assert got["status"] == "succeeded" and got["resumed_from"] == old
+    assert "/ray-" in got["node"]
+    branch = f"orch/general/{old[2:10]}"
+    (art,) = got["artifacts"]
+    assert art["branch"] == branch
+    assert git_out(repo, "ls-tree", "--name-only", branch).split() == [
+        "README.md", "one.txt", "two.txt",
+    ]  # fmt: skip
+
+
+def test_a_nodes_result_may_only_name_orch_branches_it_holds(tmp_path: Path) -> None:
+    """A node's answer is data: refs outside orch/*, or heads its bundle does not hold,
+    are refused before any ref moves."""
+    from orchestrator.errors import OrchError
+    from orchestrator.executors.node import NodeResult
+    from orchestrator.executors.raycluster import RayExecutor
+    from orchestrator.repo import discover_sync
+    from orchestrator.run import RunRecord
+    from tests.support import harness
+
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    base = git_out(repo, "rev-parse", "HEAD")
+    subprocess.run(["git", "checkout", "-q", "-b", "orch/general/abc"], cwd=repo, check=True)
+    (repo / "w.txt").write_text("work\n")
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "w"], cwd=repo, check=True)
+    tip = git_out(repo, "rev-parse", "HEAD")
+    bundle = tmp_path / "b.bundle"
+    subprocess.run(["git", "bundle", "create", "-q", str(bundle), "orch/general/abc", f"^{base}"],
+                   cwd=repo, check=True)  # fmt: skip
+    subprocess.run(["git", "checkout", "-q", "main"], cwd=repo, check=True)
+    subprocess.run(["git", "branch", "-qD", "orch/general/abc"], cwd=repo, check=True)
+    h = harness(repo, {"conversations": [{"turns": [{"text": "x"}]}]})
+    executor = RayExecutor(h.runner)
+    main = discover_sync(repo).main()
+    rec = RunRecord(run_id="r-000000000001", chain_id="c-1")
+    h.store.create_run(rec)
+    data = bundle.read_bytes()
+    for heads in (
+        {"refs/heads/main": tip},  # not an orch branch
+        {"refs/heads/orch/../main": tip},
+        {"refs/heads/orch/general/abc": base},  # not what the bundle holds
+        {"refs/tags/orch/x": tip},
+    ):
+        bad = NodeResult(node="n", status="succeeded", heads=heads, bundle=data)
+        with pytest.raises(OrchError, match="bad ref"):
+            asyncio.run(executor._take(main, rec, bad))
+        assert git_out(repo, "rev-parse", "main") == base
+    good = NodeResult(
+        node="n", status="succeeded", heads={"refs/heads/orch/general/abc": tip}, bundle=data
+    )
+    asyncio.run(executor._take(main, rec, good))
+    assert git_out(repo, "rev-parse", "orch/general/abc") == tip
+    assert git_out(repo, "rev-parse", "main") == base

@@ -257,9 +257,7 @@ class RayExecutor:
                 or not _SHA.match(sha)
                 or held.get(ref) != sha
             ):
-                raise OrchError(
-                    f"the work from {result.node} names a ref it may not: {ref[:120]!r}"
-                )
+                raise OrchError(f"the work from {result.node} names a bad ref: {ref[:120]!r}")
             kept = await _move(main, ref, sha)
             if kept != ref:
                 renamed[ref.removeprefix("refs/heads/")] = kept.removeprefix("refs/heads/")
