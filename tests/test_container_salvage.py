@@ -129,10 +129,10 @@ def test_a_hostile_agents_plants_come_out_as_data_only(tmp_path: Path, sandbox_i
     config_before = (repo / ".git" / "config").read_bytes()
     hooks_before = sorted(p.name for p in (repo / ".git" / "hooks").iterdir())
     plant = _plant(mark, repo)
-    # after the crash a setsid leftover keeps rewriting the tree while the salvage runs
-    racer = ("setsid bash -c 'while :; do echo r > race.txt; rm -f race.txt; "
-             f"ln -sfn {repo}/.git/hooks hooklink; rm -f hooklink; done' "
-             ">/dev/null 2>&1 </dev/null &")  # fmt: skip
+    # after the crash a setsid leftover keeps swapping a link (atomically: the path is always
+    # there, so git's add does not fail on a vanished file) while the salvage runs
+    flip = f"ln -sfn {repo}/.git/hooks t1 && mv -T t1 hooklink; ln -sfn / t2 && mv -T t2 hooklink"
+    racer = f"setsid bash -c 'while :; do {flip}; done' >/dev/null 2>&1 </dev/null &"
     run_id = start(repo, [{"turns": [
         {"tool_calls": [{"tool": "write_file", "input": {"path": "plant.sh", "content": plant}}]},
         {"tool_calls": [bash(f"bash plant.sh && rm plant.sh && {racer} echo x > started; "
@@ -149,6 +149,7 @@ def test_a_hostile_agents_plants_come_out_as_data_only(tmp_path: Path, sandbox_i
     tree = sh(repo, "ls-tree", "-r", branch)
     assert "160000 commit" in next(x for x in tree.splitlines() if x.endswith("\tnested"))
     assert "120000 blob" in next(x for x in tree.splitlines() if x.endswith("host-config-link"))
+    assert "120000 blob" in next(x for x in tree.splitlines() if x.endswith("\thooklink"))
     r = orch(repo, "worktrees", "list")  # the host reads the salvaged branch
     assert r.returncode == 0, r.stderr
     assert not mark.exists(), sorted(p.name for p in mark.iterdir())  # nothing ran on the host

@@ -58,16 +58,20 @@ _USER = re.compile(r"^([0-9]+):([0-9]+)$")
 
 async def export_work(
     box: Sandbox, main: RepoPaths, start: str, agent: str, message: str, *,
-    cap: int, timeout_s: float = EXPORT_TIMEOUT_S,
+    cap: int, timeout_s: float = EXPORT_TIMEOUT_S, exported: Callable[[], None] | None = None,
 ) -> str | None:  # fmt: skip
     """Commit inside and bring the work out in the same exec; unpack it into ``main``.
-    Returns the new tip, None when HEAD is not past ``start``."""
+    Returns the new tip, None when HEAD is not past ``start``. ``exported`` is called once
+    the container is no longer needed (the bundle is on the host, or there is no work):
+    the close removes the container meanwhile."""
     env = {**commit_env(ref_component(agent)), "START": start}
     with tempfile.TemporaryDirectory(prefix="orch-out-") as tmp:
         path = Path(tmp) / "out.bundle"
         with path.open("wb") as f:
             got = await box.call(["bash", "-c", EXPORT], message.encode(), env=env,
                                  out_cap=cap, timeout_s=timeout_s, out_file=f)  # fmt: skip
+        if exported is not None:
+            exported()
         if got.overflow:
             raise OrchError(
                 f"the sandbox's work is over sandbox.bundle_max_bytes ({cap:,} bytes); "
@@ -133,16 +137,24 @@ async def salvage_container(record: RunRecord | None, container_id: str) -> list
     except OrchError as e:
         return [f"could not reach container {short} to keep its work ({e}); "
                 "its TTL still ends it"]  # fmt: skip
+    removal: list[asyncio.Future[dict[str, str]]] = []
+
+    def remove() -> None:  # once the work is out (or cannot be): meanwhile the host imports it
+        if not removal:
+            removal.append(asyncio.ensure_future(
+                asyncio.to_thread(remove_by_id, client, container_id)))  # fmt: skip
+
     try:
         kept, why = "", ""
         try:
-            kept = await _export_from(client, record, container_id)
+            kept = await _export_from(client, record, container_id, remove)
         except _Gone:
             return [f"container {short} was already gone (the work in it is lost)"]
         except OrchError as e:
             why = str(e)
+        remove()
         try:
-            await asyncio.to_thread(remove_by_id, client, container_id)
+            await removal[0]
             removed = f"removed container {short}"
         except OrchError as e:
             removed = f"could not remove container {short}: {e}"
@@ -185,7 +197,9 @@ def _inspect(client: Any, container_id: str) -> dict[str, Any] | None:
     return found
 
 
-async def _export_from(client: Any, record: RunRecord | None, container_id: str) -> str:
+async def _export_from(
+    client: Any, record: RunRecord | None, container_id: str, exported: Callable[[], None]
+) -> str:
     """Export the work of a live container; '' when it held none."""
     ws, user, branch = _where(record, container_id)
     assert record is not None
@@ -208,7 +222,8 @@ async def _export_from(client: Any, record: RunRecord | None, container_id: str)
     box = Sandbox(client, container_id, cfg, user)
     message = commit_message(record.description, record.run_id, "interrupted")
     tip = await export_work(box, main, str(ws["start"]), record.agent, message,
-                            cap=cfg.bundle_max_bytes, timeout_s=SALVAGE_TIMEOUT_S)  # fmt: skip
+                            cap=cfg.bundle_max_bytes, timeout_s=SALVAGE_TIMEOUT_S,
+                            exported=exported)  # fmt: skip
     if tip is None:
         return ""
     kept = await land(main, branch, tip, bool(ws.get("continued")))

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, Self
@@ -333,12 +333,12 @@ class ContainerWorkspace:
 
     # -- work out -----------------------------------------------------------------------
 
-    async def _export(self, message: str) -> str | None:
+    async def _export(self, message: str, exported: Callable[[], None] | None = None) -> str | None:
         """Commit inside and bring the work out in the same exec: the new tip, or None."""
         assert self.box is not None and self.main is not None
         async with self._lock:
             return await export_work(self.box, self.main, self.start, self.spec.agent, message,
-                                     cap=self.cfg.bundle_max_bytes)  # fmt: skip
+                                     cap=self.cfg.bundle_max_bytes, exported=exported)  # fmt: skip
 
     async def checkpoint(self, ref: str, child_run_id: str) -> str:
         """Commit this run's work so far and bring it out into ``ref``: a nested child's
@@ -352,7 +352,9 @@ class ContainerWorkspace:
         await git("update-ref", ref, tip, repo=self.main)
         return tip
 
-    async def _settle(self, outcome: RunOutcome) -> None:
+    async def _settle(
+        self, outcome: RunOutcome, exported: Callable[[], None] | None = None
+    ) -> None:
         assert self.box is not None and self.main is not None
         if self._digests:
             runtime = ContainerRuntime(self.box, self._run, WORKSPACE)
@@ -361,7 +363,7 @@ class ContainerWorkspace:
         message = commit_message(
             outcome.description or self.spec.description, self.spec.run_id, outcome.status
         )
-        tip = await self._export(message)
+        tip = await self._export(message, exported)
         branch, known = self.branch, dict[str, str]()
         if tip is not None:  # moved meanwhile, or rewritten: on <branch>-head, both kept
             branch = await land(self.main, self.branch, tip, self.continued is not None)
@@ -394,16 +396,24 @@ class ContainerWorkspace:
         self._open = False
         _LIVE.pop(self.spec.run_id, None)
         failure: OrchError | None = None
+        removal: list[asyncio.Future[dict[str, str]]] = []
+
+        def remove() -> None:  # once the work is out: the host imports it meanwhile
+            if not removal and self.container_id and self._client is not None:
+                removal.append(asyncio.ensure_future(
+                    asyncio.to_thread(remove_by_id, self._client, self.container_id)))  # fmt: skip
+
         try:
             if self._ready and outcome is not None and self.box is not None:
                 self._ready = False
                 try:
-                    await self._settle(outcome)
+                    await self._settle(outcome, remove)
                 except OrchError as e:
                     failure = e
-            if self.container_id and self._client is not None:
+            remove()
+            if removal:
                 try:
-                    await asyncio.to_thread(remove_by_id, self._client, self.container_id)
+                    await removal[0]
                 except OrchError as e:
                     failure = failure or e
                 else:
@@ -412,6 +422,9 @@ class ContainerWorkspace:
                             self.spec.run_id, "container", self.container_id
                         )
         finally:
+            if removal and not removal[0].done():  # a non-OrchError above: still wait for it
+                with contextlib.suppress(Exception):
+                    await removal[0]
             await self._release()
         if failure is not None:
             raise failure
