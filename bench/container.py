@@ -14,7 +14,9 @@ compared with the raw primitive measured in the same run, alternating which goes
   moved (``ContainerWorkspace._settle``) vs ``git add -A && git commit`` of the same
   change in a plain worktree, goal ≤ 2×. Both sides wait 1.1 s (a model turn) between
   checkout and change: files written in the second of the checkout are "racily clean"
-  to git, and its first ``add`` re-hashes them all (70-130 ms more in the container).
+  to git, and its first ``add`` re-hashes them all (70-130 ms more in the container);
+- the whole close (export, container removal overlapped with the host's import, release)
+  against the same plain commit, for scale: what a run's end waits for.
 
 Run: ``python bench/container.py`` (needs the engine and the image).
 """
@@ -104,6 +106,22 @@ async def _closes(repo: Path) -> tuple[list[float], list[float]]:
     return closes, raw
 
 
+async def _whole_closes(repo: Path) -> list[float]:
+    """The whole close: export, removal overlapped with the import, release."""
+    took: list[float] = []
+    for _ in range(CLOSES):
+        _, ws = await _enter_once(repo)
+        await asyncio.sleep(THINK_S)
+        made = await ws.exec(CHANGE, timeout_s=60, env={})
+        assert made.exit_code == 0, made.output
+        ws.set_outcome(RunOutcome("succeeded", "bench"))
+        t0 = time.perf_counter()
+        await ws.__aexit__(None, None, None)
+        took.append(time.perf_counter() - t0)
+        await _git(repo, "branch", "-D", ws.branch)
+    return took
+
+
 async def _git(cwd: Path, *args: str) -> None:
     proc = await asyncio.create_subprocess_exec("git", *args, cwd=cwd,
                                                 stdout=asyncio.subprocess.DEVNULL)  # fmt: skip
@@ -154,6 +172,7 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
             raw_exec.append(await _cli("exec", ws.container_id, "true"))
     await _close(ws)
     closes, raw_closes = await _closes(repo)
+    whole = await _whole_closes(repo)
     claims: list[float] = []
     async with ContainerPool(repo, SandboxSettings(image=IMAGE), size=1) as pool:
         for _ in range(CLAIMS):
@@ -169,6 +188,7 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
     e50, re50 = statistics.median(execs) * ms, statistics.median(raw_exec) * ms
     k50 = statistics.median(claims) * ms
     x50, rx50 = statistics.median(closes) * ms, statistics.median(raw_closes) * ms
+    w50 = statistics.median(whole) * ms
     return [
         _row(f"cold child ready vs `docker run --rm` (median of {COLD_RUNS})", c50, r50,
              "≤ 1.2×", c50 <= 1.2 * r50),
@@ -179,6 +199,8 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
              "≤ 1.2×", e50 <= 1.2 * re50),
         _row(f"close of a 100-file change vs `git commit` in a worktree (median of {CLOSES})",
              x50, rx50, "≤ 2×", x50 <= 2 * rx50),
+        _row(f"whole close incl. container removal (median of {CLOSES}; raw: the commit)",
+             w50, rx50, "-", True),
     ]  # fmt: skip
 
 

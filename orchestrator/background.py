@@ -6,9 +6,10 @@ watches the store for cancel requests (``orch cancel`` from another terminal).
 Any ``orch`` command first calls :func:`reconcile`: a queued or running run
 whose owner is gone becomes ``interrupted`` (its partial output kept), and what
 it owned is reaped: process groups killed, worktrees salvaged (work committed
-to the branch, never deleted), containers removed by label. An owner on another
-node (a Ray node, see ``executors/``) cannot be asked by pid: it is gone once its
-heartbeat is older than :data:`REMOTE_STALE_S`, and its resources are its node's.
+to the branch, never deleted), containers salvaged the same way (work exported to
+the branch) and removed. An owner on another node (a Ray node, see ``executors/``)
+cannot be asked by pid: it is gone once its heartbeat is older than
+:data:`REMOTE_STALE_S`, and its resources are its node's.
 """
 
 from __future__ import annotations
@@ -131,15 +132,10 @@ def reap(store: RunStore, run_id: str) -> list[str]:
             art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted"))
             if art:
                 done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
-        elif kind == "container":
-            from .errors import OrchError
-            from .workspaces.container import remove_container
+        elif kind in ("container", "checkpoint"):  # work salvaged, then the container removed
+            from .workspaces.boxout import reap_resource
 
-            try:
-                remove_container(ref)
-                done.append(f"removed container {ref[:12]} (the work in it is lost)")
-            except OrchError as e:  # e.g. the engine is down: the container's TTL still ends it
-                done.append(f"could not remove container {ref[:12]}: {e}")
+            done.extend(reap_resource(store.get_run(run_id), kind, ref))
         store.release_resource(run_id, kind, ref)
     return done
 

@@ -132,9 +132,17 @@ def ps_cmd(as_json: JsonFlag = False) -> None:
 @sandbox_app.command("prune")
 @handles_errors
 def prune_cmd(as_json: JsonFlag = False) -> None:
-    """Remove orch containers (and their workspace volumes) whose owner process is gone."""
+    """Remove orch containers whose owner process is gone (the runs of this project that
+    own one are reconciled first: their work is kept on their branches)."""
+    from ..background import reconcile
+    from ..store import open_store
     from ..workspaces.container import reap_by_label
 
+    store = open_store(project_root())
+    try:
+        reconcile(store)  # salvages what this project's interrupted runs left in containers
+    finally:
+        store.close()
     removed = reap_by_label()
     if as_json:
         print_json({"removed_containers": removed})

@@ -131,21 +131,26 @@ def prune_cmd(
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Remove worktrees of ended runs (committing leftover work) and delete merged branches."""
+    """Remove worktrees of ended runs (committing leftover work), delete merged branches and
+    the checkpoint refs of ended container runs."""
 
     from ..branches import prune
+    from ..workspaces.boxout import prune_refs
 
-    async def go(root: Path) -> PruneReport:
+    async def go(root: Path) -> tuple[PruneReport, list[str]]:
         is_running, close = _run_checker(root)
         try:
-            return await prune(root, force=force, is_running=is_running)
+            report = await prune(root, force=force, is_running=is_running)
+            return report, await prune_refs(root, is_running)
         finally:
             close()
 
-    report = _call(lambda root: asyncio.run(go(root)))
+    report, refs = _call(lambda root: asyncio.run(go(root)))
     if as_json:
-        _print_json(report.model_dump())
+        _print_json({**report.model_dump(), "deleted_refs": refs})
         return
+    for ref in refs:
+        typer.echo(shown(f"deleted {ref} (left by a run that ended)"))
     for artifact in report.salvaged:
         typer.echo(shown(f"salvaged work of an ended run onto {artifact['branch']}"))
     for path in report.removed_worktrees:
@@ -158,6 +163,6 @@ def prune_cmd(
         typer.echo(shown(f"kept unmerged branch {branch} (merge it, or prune --force)"))
     if not any(
         (report.salvaged, report.removed_worktrees, report.running,
-         report.deleted_branches, report.kept_branches)
+         report.deleted_branches, report.kept_branches, refs)
     ):  # fmt: skip
         typer.echo("nothing to prune")

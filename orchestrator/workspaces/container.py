@@ -26,7 +26,9 @@ sandbox can write.
 - **Nested container children** start from the parent's committed state: the parent's
   work is committed inside its container, exported the same way into
   ``refs/orch/checkpoints/<child run id>``, and the child starts from that commit.
-- **Crash**: reconcile removes the container by label; its work is lost.
+- **Crash**: when orch dies before the close, reconcile salvages the work while the
+  container lives: the same export, with the repository, branch and starting commit
+  taken from the run record (:mod:`.boxout`); then the container is removed.
 - **Limits**: ``sandbox.max_per_chain`` live containers per chain (a run beyond it is
   refused, naming the setting); reads capped inside; the bundle capped on the host.
 """
@@ -35,16 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, Self
 
 from ..errors import OrchError, UsageError
 from ..git import git
-from ..repo import diff_stats, is_ancestor, locate, rev
+from ..repo import diff_stats, locate, rev
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .boxout import checkpoint_resource, export_work, land
 from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
 from .pool import (
@@ -61,21 +63,18 @@ from .pool import (
     sandbox_user,
     start_container,
 )
-from .settle import commit_env, commit_message
+from .settle import commit_message
 from .transfer import (
-    EXPORT,
     NEEDS,
     SETUP,
     Staging,
-    ahead_of,
     base_bundle,
     bundle_ref,
     include_files,
-    unpack,
     untracked,
     write_archive,
 )
-from .worktree import await_shielded, branch_name, continued, ref_component
+from .worktree import await_shielded, branch_name, continued
 
 __all__ = ["ContainerWorkspace", "docker_client", "reap_by_label", "remove_container"]
 
@@ -195,10 +194,12 @@ class ContainerWorkspace:
 
     def info(self) -> dict[str, Any]:
         repo = str(self.main.main_root) if self.main else None
+        # start / continued / bundle_max_bytes: what a salvage after a crash needs (boxout)
         return {"isolation": self.isolation, "root": WORKSPACE, "branch": self.branch,
-                "base": self.base_commit, "repo": repo, "container": self.container_id[:12],
+                "base": self.base_commit, "start": self.start, "repo": repo,
+                "continued": self.continued is not None, "container": self.container_id[:12],
                 "image": self.cfg.image, "user": f"{self.uid}:{self.gid}",
-                "pooled": self.pooled}  # fmt: skip
+                "pooled": self.pooled, "bundle_max_bytes": self.cfg.bundle_max_bytes}  # fmt: skip
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
@@ -277,6 +278,9 @@ class ContainerWorkspace:
             )
         if parent is not None and parent.main is not None and parent.root == main.main_root:
             self._checkpoint_ref = f"refs/orch/checkpoints/{self.spec.run_id}"
+            self.spec.sink.register_resource(  # a crash leaves it to reconcile
+                self.spec.run_id, "checkpoint", checkpoint_resource(self._checkpoint_ref, self.root)
+            )
             head: str | None = await parent.checkpoint(self._checkpoint_ref, self.spec.run_id)
         else:
             head = await rev("HEAD", located)
@@ -329,32 +333,12 @@ class ContainerWorkspace:
 
     # -- work out -----------------------------------------------------------------------
 
-    async def _export(self, message: str) -> str | None:
+    async def _export(self, message: str, exported: Callable[[], None] | None = None) -> str | None:
         """Commit inside and bring the work out in the same exec: the new tip, or None."""
         assert self.box is not None and self.main is not None
-        env = {**commit_env(ref_component(self.spec.agent)), "START": self.start}
         async with self._lock:
-            with tempfile.TemporaryDirectory(prefix="orch-out-") as tmp:
-                path = Path(tmp) / "out.bundle"
-                with path.open("wb") as f:
-                    got = await self.box.call(
-                        ["bash", "-c", EXPORT], message.encode(), env=env,
-                        out_cap=self.cfg.bundle_max_bytes, timeout_s=600, out_file=f,
-                    )  # fmt: skip
-                if got.overflow:
-                    raise OrchError(
-                        f"the sandbox's work is over sandbox.bundle_max_bytes "
-                        f"({self.cfg.bundle_max_bytes:,} bytes); it was not taken"
-                    )
-                ahead = ahead_of(got.err)
-                if ahead is None:
-                    raise OrchError("the sandbox's git repository is unusable; its work is lost")
-                if ahead == 0:
-                    return None
-                if got.code != 0:
-                    err = got.err.decode("utf-8", "replace").strip().splitlines()
-                    raise OrchError(f"git bundle failed in the sandbox: {(err or ['?'])[-2:]}")
-                return await unpack(self.main, path)
+            return await export_work(self.box, self.main, self.start, self.spec.agent, message,
+                                     cap=self.cfg.bundle_max_bytes, exported=exported)  # fmt: skip
 
     async def checkpoint(self, ref: str, child_run_id: str) -> str:
         """Commit this run's work so far and bring it out into ``ref``: a nested child's
@@ -368,7 +352,9 @@ class ContainerWorkspace:
         await git("update-ref", ref, tip, repo=self.main)
         return tip
 
-    async def _settle(self, outcome: RunOutcome) -> None:
+    async def _settle(
+        self, outcome: RunOutcome, exported: Callable[[], None] | None = None
+    ) -> None:
         assert self.box is not None and self.main is not None
         if self._digests:
             runtime = ContainerRuntime(self.box, self._run, WORKSPACE)
@@ -377,29 +363,12 @@ class ContainerWorkspace:
         message = commit_message(
             outcome.description or self.spec.description, self.spec.run_id, outcome.status
         )
-        tip = await self._export(message)
-        main, branch = self.main, self.branch
-        known: dict[str, str] = {}
-        if tip is not None:
-            known[branch] = tip
-            if not await self._move(branch, tip):  # moved meanwhile, or rewritten: keep both
-                branch = f"{branch}-head"
-                known = {branch: tip}
-                await git("update-ref", f"refs/heads/{branch}", tip, repo=main)
+        tip = await self._export(message, exported)
+        branch, known = self.branch, dict[str, str]()
+        if tip is not None:  # moved meanwhile, or rewritten: on <branch>-head, both kept
+            branch = await land(self.main, self.branch, tip, self.continued is not None)
+            known = {branch: tip}
         self._artifacts = await self._artifacts_of([self.branch, branch], known)
-
-    async def _move(self, branch: str, tip: str) -> bool:
-        """Point ``branch`` at ``tip``: a new branch only if nobody made it meanwhile, a
-        continued one only forward (compare-and-swap). False when it could not."""
-        ref, main = f"refs/heads/{branch}", self.main
-        if self.continued is None:
-            made = await git("update-ref", ref, tip, "0" * 40, repo=main, check=False)
-            return made.code == 0
-        current = await rev(ref, main)
-        if current is None or not await is_ancestor(main, current, tip):
-            return False
-        moved = await git("update-ref", ref, tip, current, repo=main, check=False)
-        return moved.code == 0
 
     async def _artifacts_of(
         self, branches: list[str], known: dict[str, str]
@@ -427,25 +396,48 @@ class ContainerWorkspace:
         self._open = False
         _LIVE.pop(self.spec.run_id, None)
         failure: OrchError | None = None
-        if self._ready and outcome is not None and self.box is not None:
-            self._ready = False
-            try:
-                await self._settle(outcome)
-            except OrchError as e:
-                failure = e
-        if self.container_id and self._client is not None:
-            try:
-                await asyncio.to_thread(remove_by_id, self._client, self.container_id)
-            except OrchError as e:
-                failure = failure or e
-            else:
-                if self._registered:
-                    self.spec.sink.release_resource(
-                        self.spec.run_id, "container", self.container_id
-                    )
-        if self.main is not None:
-            if self._checkpoint_ref:
-                await git("update-ref", "-d", self._checkpoint_ref, repo=self.main, check=False)
+        removal: list[asyncio.Future[dict[str, str]]] = []
+
+        def remove() -> None:  # once the work is out: the host imports it meanwhile
+            if not removal and self.container_id and self._client is not None:
+                removal.append(asyncio.ensure_future(
+                    asyncio.to_thread(remove_by_id, self._client, self.container_id)))  # fmt: skip
+
+        try:
+            if self._ready and outcome is not None and self.box is not None:
+                self._ready = False
+                try:
+                    await self._settle(outcome, remove)
+                except OrchError as e:
+                    failure = e
+            remove()
+            if removal:
+                try:
+                    await removal[0]
+                except OrchError as e:
+                    failure = failure or e
+                else:
+                    if self._registered:
+                        self.spec.sink.release_resource(
+                            self.spec.run_id, "container", self.container_id
+                        )
+        finally:
+            if removal and not removal[0].done():  # a non-OrchError above: still wait for it
+                with contextlib.suppress(Exception):
+                    await removal[0]
+            await self._release()
+        if failure is not None:
+            raise failure
+
+    async def _release(self) -> None:
+        """What the close always does, whatever failed before: the checkpoint ref this run
+        started from goes, the chain's count, the client."""
+        if self.main is not None and self._checkpoint_ref:
+            ref, self._checkpoint_ref = self._checkpoint_ref, ""
+            gone = await git("update-ref", "-d", ref, repo=self.main, check=False)
+            if gone.code == 0 or await rev(ref, self.main) is None:
+                resource = checkpoint_resource(ref, self.root)
+                self.spec.sink.release_resource(self.spec.run_id, "checkpoint", resource)
         if self._counted:
             self._counted = False
             left = _PER_CHAIN.get(self.spec.chain_id, 1) - 1
@@ -456,8 +448,6 @@ class ContainerWorkspace:
         if self._client is not None:
             self._client.close()
             self._client = None
-        if failure is not None:
-            raise failure
 
 
 class ContainerConfig(TierConfig):
