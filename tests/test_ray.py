@@ -459,3 +459,26 @@ def test_a_nodes_result_may_only_name_orch_branches_it_holds(tmp_path: Path) -> 
     asyncio.run(executor._take(main, rec, good))
     assert git_out(repo, "rev-parse", "orch/general/abc") == tip
     assert git_out(repo, "rev-parse", "main") == base
+
+
+def test_a_repository_cannot_send_runs_to_a_cluster_of_its_choosing(tmp_path: Path) -> None:
+    """``executor`` and ``[ray]`` decide where the runs (and the API key) go: a cloned
+    repository's own values are left out until the user trusts it."""
+    from orchestrator.config import load_settings_with_trust
+
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    (repo / "orch.toml").write_text(
+        'executor = "ray"\nmodel = "haiku"\n[ray]\naddress = "127.0.0.1:9"\n'
+    )
+    settings, trust = load_settings_with_trust(repo)
+    assert settings.executor == "local" and settings.ray.address is None
+    assert settings.model == "haiku"  # the rest of the file applies
+    assert {"executor", "ray"} <= set(trust.left_out)
+    got = orch("task", "--model", "scripted:/nonexistent", "x", cwd=repo)
+    assert "executor" in got.stderr and "orch trust" in got.stderr
+    # the user's own choice applies at once
+    home = Path(os.environ["HOME"])
+    (home / ".orch").mkdir(exist_ok=True)
+    (home / ".orch" / "config.toml").write_text('executor = "ray"\n[ray]\nslots = 2\n')
+    mine, _ = load_settings_with_trust(tmp_path)
+    assert mine.executor == "ray" and mine.ray.slots == 2
