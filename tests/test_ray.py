@@ -482,3 +482,36 @@ def test_a_repository_cannot_send_runs_to_a_cluster_of_its_choosing(tmp_path: Pa
     (home / ".orch" / "config.toml").write_text('executor = "ray"\n[ray]\nslots = 2\n')
     mine, _ = load_settings_with_trust(tmp_path)
     assert mine.executor == "ray" and mine.ray.slots == 2
+
+
+def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Path) -> None:
+    """A pid means nothing on another node: a run owned there stays while its heartbeat is
+    fresh (even if that pid is dead here, or alive here as something else) and becomes
+    interrupted once it is stale, with nothing of it reaped here."""
+    from orchestrator import background
+    from orchestrator.run import RunRecord, RunStatus, now
+    from orchestrator.store import SqliteStore
+
+    store = SqliteStore(tmp_path / "orch.db")
+    here = background.this_node()
+    mine_dead = RunRecord(run_id="r-00000000000a", chain_id="c-1", status=RunStatus.RUNNING,
+                          pid=2**22 + 7, node=here)  # fmt: skip
+    remote = RunRecord(run_id="r-00000000000b", chain_id="c-1", status=RunStatus.RUNNING,
+                       pid=2**22 + 7, node="elsewhere/ray-12345678")  # fmt: skip
+    remote_init = RunRecord(run_id="r-00000000000c", chain_id="c-1", status=RunStatus.RUNNING,
+                            pid=1, node="elsewhere/ray-87654321")  # fmt: skip
+    for rec in (mine_dead, remote, remote_init):
+        store.create_run(rec)
+    store.register_resource(remote.run_id, "pgroup", "1:0")  # pid 1's group: never ours
+    store.heartbeat([remote.run_id, remote_init.run_id])
+    fixed = {r.run_id for r in background.reconcile(store)}
+    assert fixed == {mine_dead.run_id}  # a dead local pid; the remote ones beat
+    # stale heartbeats: both remote runs are gone, whatever their pid is here
+    store.update_run(remote.run_id, started_at=now() - 3600)
+    with store._tx() as db:
+        db.execute("UPDATE runs SET heartbeat_at = ?", (now() - background.REMOTE_STALE_S - 5,))
+    fixed = {r.run_id: r for r in background.reconcile(store)}
+    assert set(fixed) == {remote.run_id, remote_init.run_id}
+    assert all(r.status == RunStatus.INTERRUPTED for r in fixed.values())
+    assert "on elsewhere/ray-12345678 is gone" in (fixed[remote.run_id].error or "")
+    assert store.resources(remote.run_id)  # its node's: nothing reaped from here
