@@ -510,8 +510,8 @@ def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Pa
     store.update_run(remote.run_id, started_at=now() - 3600)
     with store._tx() as db:
         db.execute("UPDATE runs SET heartbeat_at = ?", (now() - background.REMOTE_STALE_S - 5,))
-    fixed = {r.run_id: r for r in background.reconcile(store)}
-    assert set(fixed) == {remote.run_id, remote_init.run_id}
-    assert all(r.status == RunStatus.INTERRUPTED for r in fixed.values())
-    assert "on elsewhere/ray-12345678 is gone" in (fixed[remote.run_id].error or "")
+    ended = {r.run_id: r for r in background.reconcile(store)}
+    assert set(ended) == {remote.run_id, remote_init.run_id}
+    assert all(r.status == RunStatus.INTERRUPTED for r in ended.values())
+    assert "on elsewhere/ray-12345678 is gone" in (ended[remote.run_id].error or "")
     assert store.resources(remote.run_id)  # its node's: nothing reaped from here
