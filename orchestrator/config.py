@@ -2,7 +2,8 @@
 
 Precedence, lowest first: the defaults below, ``~/.orch/config.toml``,
 ``<project>/orch.toml``, environment (``ORCH_MODEL``, ``ORCH_MAX_DEPTH``), then
-command-line flags (``ORCH_STORE`` wins over ``store``: see ``store.open_store``). Unknown keys are an error, so a typo never goes unnoticed.
+command-line flags (``ORCH_STORE`` wins over ``store``: see ``store.open_store``).
+Unknown keys are an error, so a typo never goes unnoticed.
 The settings of ``orch.toml`` that run commands or weaken isolation apply only once
 the user trusts the repository (``orch trust``; see ``trust.py``).
 """

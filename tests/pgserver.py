@@ -61,7 +61,9 @@ def _as_user() -> tuple[list[str], int, int]:
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
-        raise Unavailable("running as root and there is no user 'nobody' to run Postgres as")
+        raise Unavailable(
+            "running as root and there is no user 'nobody' to run Postgres as"
+        ) from None
     if setpriv := shutil.which("setpriv"):
         uid, gid = nobody.pw_uid, nobody.pw_gid
         prefix = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
@@ -108,7 +110,8 @@ class PgServer:
 
     def drop_database(self, name: str) -> None:
         with self.admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(name)))
 
     def dump(self, dbname: str) -> str:
         """``pg_dump`` of a database as SQL text (schema and data)."""
@@ -151,11 +154,8 @@ def start(*, durable: bool = False) -> PgServer:
         (root / "sock").mkdir()
         os.chown(root / "sock", uid, gid)
         data = root / "data"
-        _run(
-            [*prefix, str(bins / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
-             "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],  # fmt: skip
-            "initdb",
-        )
+        initdb = "-U postgres -A trust -E UTF8 --locale=C.UTF-8 --no-sync".split()
+        _run([*prefix, str(bins / "initdb"), "-D", str(data), *initdb], "initdb")
         (data / "pg_hba.conf").write_text(HBA)
         options = [
             "-c listen_addresses=127.0.0.1",
@@ -168,12 +168,10 @@ def start(*, durable: bool = False) -> PgServer:
         for attempt in range(3):
             server = PgServer(root, bins, free_port(), prefix)
             try:
-                _run(
-                    [*prefix, str(bins / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data),
-                     "-l", str(root / "server.log"),
-                     "-o", " ".join([*options, f"-c port={server.port}"])],  # fmt: skip
-                    "pg_ctl start",
-                )
+                log = ["-l", str(root / "server.log")]
+                opts = ["-o", " ".join([*options, f"-c port={server.port}"])]
+                ctl = [*prefix, str(bins / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(data)]
+                _run([*ctl, *log, *opts], "pg_ctl start")
                 break
             except Unavailable:
                 if attempt == 2:

@@ -36,70 +36,18 @@ from typing import TYPE_CHECKING, Any
 from ..errors import NotFound, UsageError
 from ..run import Activity, RunRecord, RunStatus, now
 from .base import ChainUsage, StoreError, bound_transcript
+from .pgschema import SCHEMA, SCHEMA_LOCK, SCHEMA_VERSION
 from .sqlite import LIKE_ESCAPE, RECENT_ACTIVITIES, _like_prefix
 from .url import endpoint, redact, scrub
 
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_LOCK = 0x6F72636873746F72  # "orchstor": held while the schema is created
-SCHEMA_VERSION = 1
 CONNECT_TIMEOUT_S = 10
 MISSING_DRIVER = (
     "the run store is a Postgres URL but psycopg is not installed; "
     "run `pip install 'orch[postgres]'` (or unset ORCH_STORE / `store` to use SQLite)"
 )
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT COLLATE "C" PRIMARY KEY,
-    chain_id TEXT NOT NULL,
-    parent_run_id TEXT,
-    depth INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    pid INTEGER,
-    heartbeat_at DOUBLE PRECISION,
-    cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
-    tokens BIGINT NOT NULL DEFAULT 0,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_chain ON runs(chain_id);
-CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id);
-CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
-CREATE INDEX IF NOT EXISTS runs_created ON runs(created_at);
-CREATE INDEX IF NOT EXISTS runs_updated ON runs(updated_at);
-CREATE TABLE IF NOT EXISTS events (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    at DOUBLE PRECISION NOT NULL,
-    kind TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
-CREATE TABLE IF NOT EXISTS resources (
-    run_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    ref TEXT NOT NULL,
-    owner_pid INTEGER NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (kind, ref)
-);
-CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id);
-CREATE TABLE IF NOT EXISTS outputs (
-    run_id TEXT PRIMARY KEY,
-    text TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS transcripts (
-    run_id TEXT PRIMARY KEY,
-    saved_at DOUBLE PRECISION NOT NULL,
-    truncated BOOLEAN NOT NULL DEFAULT FALSE,
-    messages TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS transcripts_saved ON transcripts(saved_at);
-CREATE TABLE IF NOT EXISTS orch_schema (version INTEGER NOT NULL);
-"""
 
 LIVE = "status IN ('queued', 'running')"
 _INHERITED: list[Any] = []  # connections of a parent process (after fork): never used, kept
@@ -152,7 +100,7 @@ class PostgresStore:
     def _connect(self) -> psycopg.Connection[Any]:
         pg = self._psycopg
         try:
-            conn = pg.connect(
+            conn: psycopg.Connection[Any] = pg.connect(
                 self._url,
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT_S,
@@ -259,8 +207,7 @@ class PostgresStore:
     def _save(self, cur: psycopg.Cursor[Any], record: RunRecord) -> None:
         record.updated_at = now()
         cur.execute(
-            "UPDATE runs SET status=%s, updated_at=%s, pid=%s, tokens=%s, data=%s"
-            " WHERE run_id=%s",
+            "UPDATE runs SET status=%s, updated_at=%s, pid=%s, tokens=%s, data=%s WHERE run_id=%s",
             (
                 record.status.value,
                 record.updated_at,
