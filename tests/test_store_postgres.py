@@ -276,3 +276,22 @@ def test_a_bad_store_setting_never_echoes_it(tmp_path: Path) -> None:
     with pytest.raises(Exception) as info:
         load_settings_with_trust(tmp_path)
     assert "store" in str(info.value) and "hunter2" not in str(info.value)
+
+
+def test_only_progress_writes_commit_asynchronously(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    try:
+        conn = store._conn()
+        conn.execute("SET synchronous_commit = on")  # the session's (the test server's is off)
+        store.create_run(RunRecord(run_id="r-1", chain_id="c"))
+        store.note_activity("r-1", "bash", "ls")
+        store.add_event("r-1", "tool_call")
+        store.heartbeat(["r-1"])
+        row = conn.execute("SHOW synchronous_commit").fetchone()
+        assert row is not None and row[0] == "on"  # set for those transactions only
+        got = store.require_run("r-1")
+        assert got.last_activity is not None and got.last_activity.summary == "ls"
+        assert [e["kind"] for e in store.events("r-1")] == ["tool_call"]
+        assert store.list_raw()[0]["heartbeat_at"] is not None
+    finally:
+        store.close()

@@ -6,6 +6,8 @@ Same contract as :class:`~orchestrator.store.sqlite.SqliteStore`, method by meth
 - every write is one short transaction: a single statement in autocommit, or
   ``BEGIN; SELECT … FOR UPDATE; UPDATE; COMMIT`` for read-modify-write (``update_run``,
   ``end_if_active``, ``note_activity``), so writers in many processes never lose an update;
+  progress writes (``note_activity``, ``add_event``, ``heartbeat``) commit asynchronously
+  (:data:`ASYNC_COMMIT`), every other write synchronously;
 - event ids come from an identity column; an event insert holds a transaction-level
   advisory lock on its run, so within a run ids are committed in increasing order and a
   reader following ``after_id`` never skips one;
@@ -50,6 +52,11 @@ MISSING_DRIVER = (
 )
 
 LIVE = "status IN ('queued', 'running')"
+# Progress writes (note_activity, add_event, heartbeat) commit asynchronously: no WAL flush
+# to wait for, so a tool call costs no fsync. A server crash may lose the last fraction of a
+# second of them (never a status, an output or an ending: those commit synchronously, and a
+# later synchronous commit flushes every earlier one); the database stays consistent.
+ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true)"
 _INHERITED: list[Any] = []  # connections of a parent process (after fork): never used, kept
 
 
@@ -197,10 +204,15 @@ class PostgresStore:
             ),
         )
 
-    def _load(self, cur: psycopg.Cursor[Any], run_id: str) -> RunRecord | None:
+    def _load(
+        self, cur: psycopg.Cursor[Any], run_id: str, *, progress: bool = False
+    ) -> RunRecord | None:
+        """The run, its row locked to the end of the transaction (``progress``: which then
+        commits asynchronously, see :data:`ASYNC_COMMIT`)."""
         if _absent(run_id):
             return None
-        row = cur.execute("SELECT data FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        also = f", {ASYNC_COMMIT}" if progress else ""
+        row = cur.execute(f"SELECT data{also} FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
         found = row.fetchone()
         return RunRecord.model_validate_json(found[0]) if found else None
 
@@ -244,7 +256,7 @@ class PostgresStore:
     def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
         """Progress write for one tool call: last/recent activity plus counters."""
         with self._tx() as cur:
-            record = self._load(cur, run_id)
+            record = self._load(cur, run_id, progress=True)
             if record is None:
                 return
             act = Activity(tool=tool, summary=activity[:200], at=now())
@@ -339,7 +351,9 @@ class PostgresStore:
     def heartbeat(self, run_ids: list[str]) -> None:
         if run_ids:
             self._write(
-                "UPDATE runs SET heartbeat_at = %s WHERE run_id = ANY(%s)", (now(), run_ids)
+                f"WITH _ AS (SELECT {ASYNC_COMMIT}) UPDATE runs SET heartbeat_at = %s"
+                " FROM _ WHERE run_id = ANY(%s)",
+                (now(), run_ids),
             )
 
     def request_cancel(self, run_ids: list[str]) -> None:
@@ -375,9 +389,9 @@ class PostgresStore:
     def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
         # the run's advisory lock is taken before the id is drawn and held to the commit
         rows = self._rows(
-            "WITH lock AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)))"
-            " INSERT INTO events (run_id, at, kind, data) SELECT %s, %s, %s, %s FROM lock"
-            " RETURNING id",
+            "WITH lock AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)),"
+            f" {ASYNC_COMMIT}) INSERT INTO events (run_id, at, kind, data)"
+            " SELECT %s, %s, %s, %s FROM lock RETURNING id",
             (run_id, run_id, now(), kind, json.dumps(data or {}, default=str)),
         )
         return int(rows[0][0])
