@@ -20,9 +20,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psycopg
-from psycopg import sql
+if TYPE_CHECKING:
+    import psycopg
 
 PASSWORD_ROLE = "orch_pw"
 PASSWORD = "Pg-s3cret-!@#-x"  # odd characters: percent-encoding in the URL must hold too
@@ -98,9 +99,13 @@ class PgServer:
         return f"postgresql://{user}{secret}@127.0.0.1:{self.port}/{dbname}"
 
     def admin(self) -> psycopg.Connection[tuple[object, ...]]:
+        import psycopg  # imported when a server is used: this module loads without it
+
         return psycopg.connect(self.url(), autocommit=True, connect_timeout=10)
 
     def create_database(self, name: str, owner: str = ROLE) -> None:
+        from psycopg import sql
+
         with self.admin() as conn:
             conn.execute(
                 sql.SQL("CREATE DATABASE {} OWNER {}").format(
@@ -109,6 +114,8 @@ class PgServer:
             )
 
     def drop_database(self, name: str) -> None:
+        from psycopg import sql
+
         with self.admin() as conn:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             conn.execute(drop.format(sql.Identifier(name)))
@@ -190,6 +197,8 @@ def start(*, durable: bool = False) -> PgServer:
 
 
 def _setup_roles(server: PgServer) -> None:
+    from psycopg import sql
+
     with server.admin() as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(ROLE)))
         conn.execute("SET password_encryption = 'scram-sha-256'")
