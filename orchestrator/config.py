@@ -2,7 +2,8 @@
 
 Precedence, lowest first: the defaults below, ``~/.orch/config.toml``,
 ``<project>/orch.toml``, environment (``ORCH_MODEL``, ``ORCH_MAX_DEPTH``), then
-command-line flags. Unknown keys are an error, so a typo never goes unnoticed.
+command-line flags (``ORCH_STORE`` wins over ``store``: see ``store.open_store``).
+Unknown keys are an error, so a typo never goes unnoticed.
 The settings of ``orch.toml`` that run commands or weaken isolation apply only once
 the user trusts the repository (``orch trust``; see ``trust.py``).
 """
@@ -242,6 +243,20 @@ class Settings(BaseModel):
     # the Ray cluster at ray.address; the store must be one every node reaches).
     executor: Literal["local", "ray"] = "local"
     ray: RaySettings = Field(default_factory=RaySettings)
+    # The run store: None for SQLite in .orch/ (or $ORCH_HOME), or a postgresql:// URL
+    # (the `postgres` extra). ORCH_STORE wins over it. Never echoed: it may hold a password.
+    store: str | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, v: str | None) -> str | None:
+        from .store.url import POSTGRES_SCHEMES, is_postgres
+
+        if v is None or not v.strip():
+            return None
+        if not is_postgres(v):  # the message never holds the value (it may hold a password)
+            raise ValueError(f"give a {' or '.join(POSTGRES_SCHEMES)} URL, or leave it out")
+        return v.strip()
 
     @field_validator("extra_env")
     @classmethod

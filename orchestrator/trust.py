@@ -16,6 +16,8 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 ``extra_bash_deny``        drops a rule of the user's list
 ``secret_env_patterns``    drops a pattern of the user's list or the default
 ``extra_secret_env``       drops a name of the user's list
+``store``                  a run store URL differing from the user's: every prompt, output
+                           and transcript would go to that server (recorded without password)
 ``sandbox.os``             ``"off"``
 ``sandbox.network_mode``   anything but ``"none"`` (or the user's own value)
 ``sandbox.cap_drop``       drops a capability (``ALL`` by default)
@@ -86,6 +88,7 @@ _GATED_KEYS = (
     "extra_bash_deny",
     "secret_env_patterns",
     "extra_secret_env",
+    "store",
     "sandbox",
     "executor",
     "ray",
@@ -245,6 +248,10 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
     )
     check("executor", theirs.executor, theirs.executor != base.executor)
     check("ray", theirs.ray, theirs.ray != base.ray)
+    if theirs.store is not None and theirs.store != base.store:
+        from .store.url import redact  # the digest and `orch trust --show`: no password
+
+        check("store", redact(theirs.store), True)
     t, b = theirs.sandbox, base.sandbox
     check("sandbox.os", t.os, t.os == "off" and b.os != "off")
     check(

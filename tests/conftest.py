@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -81,3 +83,51 @@ def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
                 "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     return config
+
+
+# -- a real Postgres server (tests marked `postgres`) ------------------------------------
+if TYPE_CHECKING:
+    from tests.pgserver import PgServer
+
+
+def _pg_unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but Postgres cannot run: {reason}")
+    pytest.skip(f"Postgres cannot run here: {reason}")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One throwaway server for the session (see tests/pgserver.py); skips with the reason
+    where it cannot run, fails instead under CI=true."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        _pg_unavailable("psycopg is not installed (pip install -e '.[dev,postgres]')")
+    from tests.pgserver import Unavailable, start
+
+    try:
+        server = start()
+    except Unavailable as e:
+        _pg_unavailable(str(e))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_db(pg_server: PgServer) -> Iterator[str]:
+    """A fresh database of its own for one test, owned by the role ``orch``: its name."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    pg_server.create_database(name)
+    try:
+        yield name
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer, pg_db: str) -> str:
+    """The URL of the test's own database (role ``orch``, no password, 127.0.0.1)."""
+    return pg_server.url(pg_db, user="orch")

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
+from tests.pgserver import PASSWORD, PASSWORD_ROLE, PgServer
 from tests.raycluster import LOOPBACK_ENV
 from tests.support import init_repo, orch, write_script
 
@@ -515,3 +516,43 @@ def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Pa
     assert all(r.status == RunStatus.INTERRUPTED for r in ended.values())
     assert "on elsewhere/ray-12345678 is gone" in (ended[remote.run_id].error or "")
     assert store.resources(remote.run_id)  # its node's: nothing reaped from here
+
+
+def test_runs_on_the_cluster_are_recorded_in_postgres_and_seen_from_anywhere(
+    cluster: RayCluster, tmp_path: Path, pg_server: PgServer
+) -> None:
+    """The shared store: children on both nodes write the same Postgres database (through
+    a password-protected role); `ps`, `result` and `tree` from another directory with only
+    the store's URL see them; the password is nowhere in a task's arguments, logs or output."""
+    name = f"t_ray_{uuid.uuid4().hex[:8]}"
+    pg_server.create_database(name, owner=PASSWORD_ROLE)
+    try:
+        url = pg_server.url(name, user=PASSWORD_ROLE, password=PASSWORD)
+        env = {**cluster.env, "ORCH_STORE": url}
+        repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+        script = write_script(repo, TWO_WRITERS)
+        got = orch("task", "--executor", "ray", "--model", f"scripted:{script}", "write two",
+                   cwd=repo, env=env, timeout=180)  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        rows = runs(elsewhere, env)
+        children = [r for r in rows if r["depth"] == 1]
+        assert len(children) == 2 and all(r["status"] == "succeeded" for r in children)
+        assert len({r["node"] for r in children}) == 2
+        assert all("/ray-" in r["node"] for r in children)
+        tree = orch("tree", rows[0]["run_id"], "--json", cwd=elsewhere, env=env)
+        assert tree.returncode == 0 and all(r["run_id"] in tree.stdout for r in children)
+        assert not (repo / ".orch" / "orch.db").exists()  # nothing went to SQLite
+        for child in children:
+            (art,) = json.loads(orch("result", child["run_id"], "--json", cwd=elsewhere,
+                                     env=env).stdout)["artifacts"]  # fmt: skip
+            assert git_out(repo, "rev-parse", f"refs/heads/{art['branch']}") == art["commit"]
+        leaks = [
+            str(p) for top in (repo / ".orch", Path(cluster.info["temp_dir"]))
+            for p in top.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()
+        ]  # fmt: skip
+        assert leaks == [] and PASSWORD not in got.stdout + got.stderr
+        assert PASSWORD not in pg_server.dump(name)
+    finally:
+        pg_server.drop_database(name)

@@ -1,5 +1,8 @@
 """The store: lifecycle, events, cross-process safety, privacy, staying out of git, and
-the RunStore protocol (what the engine and CLI may ask of any backend)."""
+the RunStore protocol (what the engine and CLI may ask of any backend).
+
+The contract tests take the ``store`` fixture: each runs against SQLite and against a real
+Postgres server (``postgres`` marker; see tests/pgserver.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +10,15 @@ import ast
 import inspect
 import multiprocessing
 import os
+import re
+import socket
 import sqlite3
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import typer
@@ -21,13 +28,41 @@ import orchestrator.store
 from orchestrator.cli.common import find_run, handles_errors, open_project
 from orchestrator.errors import NotFound, UsageError
 from orchestrator.run import RunRecord, RunStatus, Usage
-from orchestrator.store import RunStore, SqliteStore, open_store, state_dir
+from orchestrator.store import RunStore, SqliteStore, StoreError, open_store, state_dir
 from orchestrator.store.sqlite import _like_prefix
 from orchestrator.workspaces.base import ResourceSink
 
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def _open(where: str) -> RunStore:
+    """A store by where it is: a Postgres URL, else the path of a SQLite file."""
+    if where.startswith("postgresql://"):
+        from orchestrator.store.postgres import PostgresStore
+
+        return PostgresStore(where)
+    return SqliteStore(Path(where))
+
+
+def _where(store: RunStore) -> str:
+    return str(store.path) if isinstance(store, SqliteStore) else store.describe()
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunStore]:
+    """A fresh store of each backend: SQLite in tmp_path/.orch, or a database of its own."""
+    if request.param == "sqlite":
+        made: RunStore = SqliteStore.for_project(tmp_path)
+    else:
+        made = _open(request.getfixturevalue("pg_url"))
+    try:
+        yield made
+    finally:
+        made.close()
+
 
 def _writer(db: str, run_id: str, n: int) -> None:
-    store = SqliteStore(Path(db))
+    store = _open(db)
     for i in range(n):
         store.note_activity(run_id, "bash", f"step {i}")
         store.add_event(run_id, "tick", {"i": i})
@@ -48,8 +83,7 @@ def umask() -> Iterator[None]:
         os.umask(old)
 
 
-def test_lifecycle_and_events(tmp_path: Path) -> None:
-    store = SqliteStore.for_project(tmp_path)
+def test_lifecycle_and_events(store: RunStore) -> None:
     rec = RunRecord(run_id="r-1", chain_id="c-1")
     store.create_run(rec)
     assert store.require_run("r-1").status == RunStatus.QUEUED
@@ -63,17 +97,25 @@ def test_lifecycle_and_events(tmp_path: Path) -> None:
     assert kinds == ["tool_call", "tool_result"]
     first = store.events("r-1")[0]["id"]
     assert [e["kind"] for e in store.events("r-1", after_id=first)] == ["tool_result"]
-    mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
-    assert mode == "wal"
+    if isinstance(store, SqliteStore):
+        mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == "wal"
 
 
-def test_missing_run_names_where_the_store_is(tmp_path: Path) -> None:
-    store = SqliteStore.for_project(tmp_path)
-    assert store.describe() == str(tmp_path / ".orch" / "orch.db")
-    with pytest.raises(NotFound, match="orch.db"):
+def test_missing_run_names_where_the_store_is(store: RunStore, tmp_path: Path) -> None:
+    if isinstance(store, SqliteStore):
+        assert store.describe() == str(tmp_path / ".orch" / "orch.db")
+    else:
+        assert store.describe().startswith("postgresql://orch@127.0.0.1:")
+    where = store.describe()
+    with pytest.raises(NotFound, match=re.escape(where)):
         store.require_run("r-nope")
-    with pytest.raises(NotFound, match="orch.db"):
+    with pytest.raises(NotFound, match=re.escape(where)):
         store.update_run("r-nope", summary="x")
+    assert store.get_run("r-nope") is None and store.output("r-nope") is None
+    assert store.end_if_active("r-nope", summary="x") is None
+    store.note_activity("r-nope", "bash", "ls")  # a no-op, as documented
+    assert store.get_run("r-nope") is None
 
 
 def test_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
@@ -93,13 +135,12 @@ def test_orch_home_overrides_location(tmp_path: Path, monkeypatch: pytest.Monkey
     assert _mode(tmp_path / "elsewhere") == 0o700
 
 
-def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
-    store = SqliteStore.for_project(tmp_path)
+def test_concurrent_writers_lose_nothing(store: RunStore) -> None:
     ids = [f"r-{i}" for i in range(4)]
     for rid in ids:
         store.create_run(RunRecord(run_id=rid, chain_id="c"))
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(store.path), rid, 100)) for rid in ids]
+    procs = [ctx.Process(target=_writer, args=(_where(store), rid, 100)) for rid in ids]
     for p in procs:
         p.start()
     for p in procs:
@@ -112,8 +153,7 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
         assert len(rec.recent_activities) == 5
 
 
-def test_an_ending_is_never_overwritten_by_someone_else(tmp_path: Path) -> None:
-    store = SqliteStore.for_project(tmp_path)
+def test_an_ending_is_never_overwritten_by_someone_else(store: RunStore) -> None:
     store.create_run(RunRecord(run_id="r-done", chain_id="c", status=RunStatus.SUCCEEDED))
     assert store.end_if_active("r-done", status=RunStatus.INTERRUPTED) is None
     assert store.require_run("r-done").status == RunStatus.SUCCEEDED
@@ -123,8 +163,7 @@ def test_an_ending_is_never_overwritten_by_someone_else(tmp_path: Path) -> None:
 
 
 # -- id prefixes are literal ------------------------------------------------------
-def test_id_prefixes_are_literal_never_like_wildcards(tmp_path: Path) -> None:
-    store = SqliteStore.for_project(tmp_path)
+def test_id_prefixes_are_literal_never_like_wildcards(store: RunStore) -> None:
     store.create_run(RunRecord(run_id="r-abc123", chain_id="c"))
     assert [r.run_id for r in store.find_runs("r-a")] == ["r-abc123"]
     for pattern in ("%", "_", "r_", "r-%", "r-a_c", "\\", "R-A"):
@@ -192,36 +231,84 @@ def test_open_store_is_sqlite_unless_told_otherwise(tmp_path: Path) -> None:
     assert isinstance(store, SqliteStore)
 
 
-@pytest.mark.parametrize(
-    "value", ["postgresql://orch:s3cret@db.example/orch", "postgres://orch:s3cret@db/orch"]
-)
-def test_a_postgres_url_is_refused_for_now(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+def _need_psycopg() -> None:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but psycopg is missing: .ci/run installs '.[dev,postgres]'")
+        pytest.skip("psycopg is not installed (pip install -e '.[dev,postgres]')")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens there once it is closed
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_an_unreachable_postgres_is_one_line_naming_host_and_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str
 ) -> None:
-    monkeypatch.setenv("ORCH_STORE", value)
+    _need_psycopg()
+    port = _closed_port()
+    monkeypatch.setenv("ORCH_STORE", f"{scheme}://orch:s3cret@127.0.0.1:{port}/orch")
+    with pytest.raises(StoreError) as info:
+        open_store(tmp_path)
+    msg = str(info.value)
+    assert f"127.0.0.1:{port}" in msg and "ORCH_STORE" in msg
+    assert "s3cret" not in msg and "\n" not in msg
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert not (tmp_path / ".orch" / "orch.db").exists()
+
+
+def test_without_psycopg_a_postgres_url_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # what `import psycopg` meets without it
+    monkeypatch.setenv("ORCH_STORE", "postgresql://orch:s3cret@127.0.0.1:1/orch")
     with pytest.raises(UsageError) as info:
         open_store(tmp_path)
     msg = str(info.value)
-    assert "not available yet" in msg and "unset ORCH_STORE" in msg
-    assert "s3cret" not in msg and "\n" not in msg
+    assert "pip install 'orch[postgres]'" in msg and "s3cret" not in msg and "\n" not in msg
     assert not (tmp_path / ".orch" / "orch.db").exists()
 
 
 def test_an_unknown_orch_store_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ORCH_STORE", "mysql://x")
-    with pytest.raises(UsageError, match="unset ORCH_STORE"):
+    monkeypatch.setenv("ORCH_STORE", "mysql://x:s3cret@h/db")
+    with pytest.raises(UsageError, match="unset it") as info:
         open_store(tmp_path)
+    assert "s3cret" not in str(info.value)
 
 
 def test_the_cli_says_so_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("ORCH_STORE", "postgresql://orch:s3cret@db/orch")
+    _need_psycopg()
+    port = _closed_port()
+    monkeypatch.setenv("ORCH_STORE", f"postgresql://orch:s3cret@127.0.0.1:{port}/orch")
     with pytest.raises(typer.Exit) as info:
         handles_errors(open_project)(tmp_path)
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 1
     err = capsys.readouterr().err
-    assert err.startswith("orch: ") and "unset ORCH_STORE" in err and "s3cret" not in err
+    assert err.startswith("orch: ") and f"127.0.0.1:{port}" in err and "s3cret" not in err
+    assert err.count("\n") == 1
+
+
+def test_plain_orch_never_imports_the_postgres_store(tmp_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from orchestrator.cli.common import open_project\n"
+        "import orchestrator.cli.main\n"
+        f"open_project(Path({str(tmp_path)!r})).store.close()\n"
+        "print(sorted(m for m in sys.modules if 'psycopg' in m or m.endswith('.postgres')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ORCH_STORE"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_a_broken_database_is_one_line_naming_it(
@@ -261,16 +348,31 @@ def _store_uses() -> dict[str, set[str]]:
     return uses
 
 
-def test_sqlite_store_fits_the_protocol(tmp_path: Path) -> None:
-    store: RunStore = SqliteStore(tmp_path / "orch.db")  # mypy checks the fit
+def _backends() -> list[type]:
+    from orchestrator.store.postgres import PostgresStore  # importable without psycopg
+
+    return [SqliteStore, PostgresStore]
+
+
+def test_every_backend_fits_the_protocol(store: RunStore) -> None:
     sink: ResourceSink = store  # a RunStore is where workspaces register what they start
     sink.register_resource("r-1", "process_group", "1:2")
     assert [r["ref"] for r in store.resources("r-1")] == ["1:2"]
     sink.release_resource("r-1", "process_group", "1:2")
     assert store.resources() == []
-    for name in _protocol_members():
-        mine = inspect.signature(getattr(SqliteStore, name))
-        assert str(mine) == str(inspect.signature(getattr(RunStore, name))), name
+    for cls in _backends():
+        for name in _protocol_members():
+            mine = inspect.signature(getattr(cls, name))
+            assert str(mine) == str(inspect.signature(getattr(RunStore, name))), (cls, name)
+
+
+def test_sqlite_store_fits_the_protocol(tmp_path: Path) -> None:
+    store: RunStore = SqliteStore(tmp_path / "orch.db")  # mypy checks the fit
+    assert store.resources() == []
+    if TYPE_CHECKING:  # and for the Postgres store
+        from orchestrator.store.postgres import PostgresStore
+
+        _: RunStore = PostgresStore("postgresql://")
 
 
 def test_the_protocol_is_exactly_what_the_engine_and_cli_use() -> None:
@@ -281,6 +383,9 @@ def test_the_protocol_is_exactly_what_the_engine_and_cli_use() -> None:
     public = {n for n, v in vars(SqliteStore).items() if not n.startswith("_")}
     # children: a helper of descendants (and of tests); for_project: the SQLite constructor
     assert public - members == {"children", "for_project"}
+    from orchestrator.store.postgres import PostgresStore
+
+    assert {n for n in vars(PostgresStore) if not n.startswith("_")} - members == {"children"}
 
 
 def test_package_exports() -> None:
@@ -288,8 +393,10 @@ def test_package_exports() -> None:
         "ChainUsage",
         "RunStore",
         "SqliteStore",
+        "StoreError",
         "open_store",
         "state_dir",
+        "store_url",
     ]
     for name in orchestrator.store.__all__:
         assert hasattr(orchestrator.store, name)

@@ -118,12 +118,27 @@ def test_no_module_over_500_lines() -> None:
     assert long == {}
 
 
-def test_third_party_imports_are_the_declared_dependencies() -> None:
+def _dist(requirement: str) -> str:
+    """The distribution name of a requirement (``psycopg[binary]>=3.2`` -> ``psycopg``)."""
+    for stop in "><=![;~ ":
+        requirement = requirement.split(stop)[0]
+    return requirement.strip().lower()
+
+
+def _declared() -> tuple[set[str], dict[str, set[str]]]:
+    """The required distributions, and those of each optional extra but ``dev`` (tools)."""
     meta = tomllib.loads(PYPROJECT.read_text())["project"]
-    declared = {
-        d.split(">")[0].split("=")[0].split("[")[0].split("<")[0].strip().lower()
-        for d in meta["dependencies"]
+    extras = {
+        name: {_dist(d) for d in deps}
+        for name, deps in meta.get("optional-dependencies", {}).items()
+        if name != "dev"
     }
+    return {_dist(d) for d in meta["dependencies"]}, extras
+
+
+def test_third_party_imports_are_the_declared_dependencies() -> None:
+    required, extras = _declared()
+    declared = required.union(*extras.values())
     used: set[str] = set()
     for path in PKG.rglob("*.py"):
         used |= _imports(path)[1]
@@ -131,3 +146,14 @@ def test_third_party_imports_are_the_declared_dependencies() -> None:
     third -= {"__future__"}
     assert third - declared == set(), "imported but not declared"
     assert declared - third == set(), "declared but never imported"
+    for name, dists in extras.items():  # an extra is something the package imports
+        assert dists & third, f"extra {name!r} declares nothing the package imports"
+
+
+def test_requirement_names_are_read_whole() -> None:
+    assert [_dist(r) for r in ("psycopg[binary]>=3.2", "ray[default]==2.9", "a-b ; x", "c~=1")] == [
+        "psycopg",
+        "ray",
+        "a-b",
+        "c",
+    ]

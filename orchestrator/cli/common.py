@@ -99,7 +99,7 @@ def open_project(
     settings, trust = load_trusted(root, overrides, cap=trust_cap)
     if not quiet:
         announce_trust(trust)
-    store = open_store(root)
+    store = open_store(root, settings.store)
     reconcile(store)  # every command first settles runs whose owner is gone
     days = settings.transcript_retention_days  # and drops conversations kept too long
     store.prune_transcripts(time.time() - days * 86_400)

@@ -138,7 +138,8 @@ def prune_cmd(as_json: JsonFlag = False) -> None:
     from ..store import open_store
     from ..workspaces.container import reap_by_label
 
-    store = open_store(project_root())
+    root = project_root()
+    store = open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted
     try:
         reconcile(store)  # salvages what this project's interrupted runs left in containers
     finally:

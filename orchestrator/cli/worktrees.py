@@ -47,10 +47,11 @@ def _print_json(data: Any) -> None:
 def _run_checker(root: Path) -> tuple[Callable[[str], bool], Callable[[], None]]:
     """``is_running(run_id)`` from the store (a run it does not know counts as ended)."""
     try:
+        from ..agent_trust import load_trusted
         from ..store import open_store
     except ImportError:  # pragma: no cover - the store ships with orch
         return (lambda _run_id: False), (lambda: None)
-    store = open_store(root)
+    store = open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted
 
     def is_running(run_id: str) -> bool:
         record = store.get_run(run_id)

@@ -95,6 +95,8 @@ def run_on_node(
 
 
 def _store(spec: NodeTask, repo: Path) -> RunStore:
+    """The spawner's store: its Postgres URL (in this process's environment, from the
+    spawner's secrets), or its SQLite file when every node shares this machine."""
     if spec.sqlite and not os.environ.get("ORCH_STORE"):
         return SqliteStore(Path(spec.sqlite))
     return open_store(repo)

@@ -42,7 +42,7 @@ from ..git import RepoPaths, first_line, git
 from ..repo import is_ancestor, locate, rev
 from ..run import RunRecord, RunStatus, now
 from ..spec import RunSpec
-from ..store import SqliteStore
+from ..store import SqliteStore, store_url
 from ..workspaces.transfer import Staging, base_bundle, bundle_ref
 from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
@@ -60,10 +60,10 @@ NO_CLUSTER = (
 )
 
 
-def store_url(runner: Runner) -> str | None:
-    """The URL of a store every node reaches (Postgres), from the environment or settings."""
-    url = os.environ.get("ORCH_STORE") or getattr(runner.settings, "store", None)
-    return str(url) if url else None
+def shared_store(runner: Runner) -> str | None:
+    """The URL of the store every node reaches (Postgres: ``ORCH_STORE``, else the
+    ``store`` setting), or None for SQLite."""
+    return store_url(runner.settings.store)
 
 
 class RayExecutor:
@@ -121,14 +121,15 @@ class RayExecutor:
     def _task(self, record: RunRecord, start: str, branch: str | None) -> NodeTask:
         runner = self.runner
         sqlite = None
-        if store_url(runner) is None and isinstance(runner.store, SqliteStore):
+        if shared_store(runner) is None and isinstance(runner.store, SqliteStore):
             sqlite = str(runner.store.path)  # only nodes of this machine share the file
         return NodeTask(
             run_id=record.run_id,
             start=start,
             bundle_ref=bundle_ref(start),
             branch=branch,
-            settings=runner.settings.model_dump(mode="json", by_alias=True),
+            # the store's URL (it may hold a password) travels with the secrets only
+            settings=runner.settings.model_dump(mode="json", by_alias=True, exclude={"store"}),
             launch=runner.launch,
             model_spec=runner.launch.get("model_spec"),
             sqlite=sqlite,
@@ -171,7 +172,7 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise UsageError(NO_CLUSTER.format(where=where, why=first_line(str(e)))) from e
         env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
-        if (url := store_url(self.runner)) is not None:
+        if (url := shared_store(self.runner)) is not None:
             env["ORCH_STORE"] = url
         self._secrets = ray.put(env)
         slots = ray.cluster_resources().get("orch_slots", 0)  # type: ignore[no-untyped-call]

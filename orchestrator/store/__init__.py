@@ -1,38 +1,62 @@
 """The run store: :class:`RunStore` is the contract, :func:`open_store` picks the backend.
 
-Today the only backend is SQLite (:class:`SqliteStore`, ``.orch/orch.db`` or
-``$ORCH_HOME/orch.db``). ``ORCH_STORE`` is reserved for choosing another one:
-a ``postgresql://`` URL there is refused until the Postgres backend exists.
+SQLite is the default (:class:`SqliteStore`, ``.orch/orch.db`` or ``$ORCH_HOME/orch.db``).
+A ``postgresql://`` (or ``postgres://``) URL in ``ORCH_STORE``, or as ``store`` in the
+settings (``orch.toml``, ``~/.orch/config.toml``), selects the Postgres store
+(:mod:`orchestrator.store.postgres`, the ``postgres`` extra); the environment wins.
+That module, and psycopg, are imported only then.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .base import ChainUsage, RunStore, state_dir
+from .base import ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore
+from .url import POSTGRES_SCHEMES, is_postgres
 
-__all__ = ["ChainUsage", "RunStore", "SqliteStore", "open_store", "state_dir"]
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
 
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+__all__ = [
+    "ChainUsage",
+    "RunStore",
+    "SqliteStore",
+    "StoreError",
+    "open_store",
+    "state_dir",
+    "store_url",
+]
 
 
-def open_store(project_root: Path) -> RunStore:
-    """The run store of a project: SQLite in its state dir unless ``ORCH_STORE`` says otherwise.
-
-    The value of ``ORCH_STORE`` is never echoed: a URL may hold a password.
-    """
-    url = os.environ.get("ORCH_STORE", "").strip()
-    if url.startswith(POSTGRES_SCHEMES):
+def store_url(setting: str | None = None) -> str | None:
+    """The Postgres URL the run store lives at (``ORCH_STORE`` first, then ``setting``),
+    or None for the SQLite store. The value is never echoed: a URL may hold a password."""
+    url = os.environ.get("ORCH_STORE", "").strip() or (setting or "").strip()
+    if not url:
+        return None
+    if not is_postgres(url):
         raise UsageError(
-            "ORCH_STORE is a Postgres URL but the Postgres store is not available yet; "
-            "unset ORCH_STORE to use the SQLite store in .orch/ (or $ORCH_HOME)"
+            "ORCH_STORE (or `store` in the settings) names no store orch has: give a "
+            f"{' or '.join(POSTGRES_SCHEMES)} URL, or unset it to use the SQLite store "
+            "in .orch/ (or $ORCH_HOME)"
         )
-    if url:
-        raise UsageError(
-            "ORCH_STORE is set but names no store orch has (only SQLite is available for now); "
-            "unset ORCH_STORE to use the SQLite store in .orch/ (or $ORCH_HOME)"
-        )
-    return SqliteStore.for_project(project_root)
+    return url
+
+
+def open_store(project_root: Path, setting: str | None = None) -> RunStore:
+    """The run store of a project: Postgres if ``ORCH_STORE`` or ``setting`` (the ``store``
+    of its settings) is a Postgres URL, else SQLite in its state dir."""
+    url = store_url(setting)
+    if url is None:
+        return SqliteStore.for_project(project_root)
+    return _postgres(url)
+
+
+def _postgres(url: str) -> PostgresStore:
+    from .postgres import PostgresStore
+
+    return PostgresStore(url)

@@ -4,9 +4,9 @@ A store keeps ``runs`` (one record per run), their append-only ``events``,
 their whole ``outputs``, their ``transcripts`` (the conversation as sent to the
 model, plain JSON, for ``resume``) and the ``resources`` they own (process
 groups, worktrees, containers), and is shared by every ``orch`` process of a project.
-SQLite (:mod:`orchestrator.store.sqlite`) is the implementation today; a
-Postgres one (psycopg 3) must fit the same protocol, so nothing here names a
-file, a connection or a driver: messages say where the runs are with
+SQLite (:mod:`orchestrator.store.sqlite`, the default) and Postgres
+(:mod:`orchestrator.store.postgres`, psycopg 3) implement the same protocol, so nothing
+here names a file, a connection or a driver: messages say where the runs are with
 :meth:`RunStore.describe`.
 
 Every write is atomic on its own (one transaction) and safe against other
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import OrchError
 from ..run import RunRecord, RunStatus
 from ..workspaces.base import ResourceSink
 
@@ -92,6 +93,11 @@ def state_dir(project_root: Path) -> Path:
     if not ignore.exists():
         ignore.write_text("*\n")
     return path
+
+
+class StoreError(OrchError):
+    """The store cannot be used (a server unreachable, a driver missing): one line for the
+    user, naming where the store is without any password."""
 
 
 @dataclass(frozen=True)
