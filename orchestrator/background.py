@@ -20,7 +20,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
@@ -116,6 +116,19 @@ class Supervisor:
             job = jobs.get(rid)
             if job is not None and not job.done():
                 job.cancel("cancel requested")
+
+
+@contextlib.asynccontextmanager
+async def supervised(
+    store: RunStore, live: Callable[[], dict[str, asyncio.Task[RunRecord]]]
+) -> AsyncIterator[None]:
+    """A :class:`Supervisor` beside the runs of a block."""
+    supervisor = Supervisor(store, live)
+    supervisor.start()
+    try:
+        yield
+    finally:
+        await supervisor.stop()
 
 
 def reap(store: RunStore, run_id: str) -> list[str]:

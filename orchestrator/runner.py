@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from .admission import Admission
 from .agent import AgentRun, LoopOutcome, RunContext
-from .background import Supervisor, me, spawn_worker, this_node
+from .background import me, spawn_worker, supervised, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Executor, RunHandle, spawned_event
@@ -82,6 +82,7 @@ class Runner:
         self.store = store
         self.executor = executor  # None: every run executes in this process
         self._here: dict[str, Path] = {}  # run id -> its workdir on this node (adopted remotely)
+        self.held: dict[str, str] = {}  # run id -> the status _finish held back (on a node)
         self.catalog = catalog
         self.models = models
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
@@ -238,7 +239,12 @@ class Runner:
             executor = self.executor
             if driver is None and record.run_id not in self._here and executor is not None:
                 if executor.takes(record):
-                    return await executor.run(record)
+                    try:
+                        return await executor.run(record)
+                    except OrchError as e:  # its work could not come home: it failed
+                        text = self.store.require_run(record.run_id).output
+                        failed = LoopOutcome(RunStatus.FAILED, text, str(e))
+                        return self._finish(record, None, failed, None)
             return await self._run(record, driver)
         except asyncio.CancelledError:
             ended = self.store.end_if_active(
@@ -442,32 +448,35 @@ class Runner:
         outcome: LoopOutcome,
         workspace: Workspace | None,
     ) -> RunRecord:
-        """The one place a run's ending is written."""
+        """The one place a run's ending is written. A run adopted on a cluster node keeps
+        its status ``running`` here (held in ``held``): its spawner ends it with
+        :meth:`end_held` once the node's work is home, so an ended run's branch is there."""
         artifacts = [*(workspace.artifacts() if workspace is not None else []), *outcome.artifacts]
-        fields: dict[str, object] = {
-            "status": outcome.status,
-            "output": outcome.text,
-            "summary": outcome.text[:2000],
-            "error": outcome.error,
-            "artifacts": artifacts,
-            "ended_at": now(),
-        }
+        fields: dict[str, object] = {"output": outcome.text, "summary": outcome.text[:2000],
+                                     "error": outcome.error, "artifacts": artifacts}  # fmt: skip
+        held = record.run_id in self._here
+        if not held:
+            fields.update(status=outcome.status, ended_at=now())
         if ctx is not None:
             fields["usage"] = ctx.usage
             fields["evidence"] = ctx.evidence
         done = self.store.update_run(record.run_id, **fields)
         self.store.save_output(record.run_id, outcome.text)
-        self.store.add_event(
-            record.run_id,
-            "run_finished",
-            {
-                "status": outcome.status.value,
-                "error": outcome.error,
-                "usage": done.usage.model_dump(),
-                "evidence": done.evidence.model_dump(),
-                "artifacts": artifacts,
-            },
-        )
+        if held:
+            self.held[record.run_id] = outcome.status.value
+            return done.model_copy(update={"status": outcome.status})
+        return self._ended(done)
+
+    def end_held(self, run_id: str, status: str) -> RunRecord:
+        """Write the status a node's ``_finish`` held back (no-op if it ended meanwhile)."""
+        done = self.store.end_if_active(run_id, status=RunStatus(status), ended_at=now())
+        return self._ended(done) if done is not None else self.store.require_run(run_id)
+
+    def _ended(self, done: RunRecord) -> RunRecord:
+        self.store.add_event(done.run_id, "run_finished", {
+            "status": done.status.value, "error": done.error, "usage": done.usage.model_dump(),
+            "evidence": done.evidence.model_dump(), "artifacts": done.artifacts,
+        })  # fmt: skip
         return done
 
     # -- around root runs ---------------------------------------------------------------
@@ -480,11 +489,5 @@ class Runner:
         workdir = RunSpec.model_validate(record.options["spec"]).workdir
         return ContainerPool(workdir, self.settings.sandbox)
 
-    @contextlib.asynccontextmanager
-    async def supervised(self) -> AsyncIterator[None]:
-        supervisor = Supervisor(self.store, lambda: self.jobs)
-        supervisor.start()
-        try:
-            yield
-        finally:
-            await supervisor.stop()
+    def supervised(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return supervised(self.store, lambda: self.jobs)

@@ -59,7 +59,7 @@ class NodeResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node: str
-    status: str  # the run's, as the node ended it
+    status: str  # the run's ending, which the spawner writes once its work is home
     error: str | None = None  # why its work could not come back
     heads: dict[str, str]  # refs/heads/orch/... -> commit, all in ``bundle``
     bundle: bytes | None = None
@@ -118,7 +118,9 @@ async def _run(spec: NodeTask, catalog: Catalog, bundle: bytes, tmp: Path) -> No
     finally:
         store.close()
     report = provider.scripted.report() if provider.scripted is not None else None
-    result = NodeResult(node=node_name(), status=record.status.value, heads=heads, scripted=report)
+    # its ending was held back (Runner._finish): the spawner writes it once the work is home
+    status = runner.held.get(spec.run_id, record.status.value)
+    result = NodeResult(node=node_name(), status=status, heads=heads, scripted=report)
     if data is not None and len(data) > spec.max_bundle:
         result.error = (
             f"the run's work is {len(data):,} bytes, over sandbox.bundle_max_bytes "

@@ -111,11 +111,13 @@ class RayExecutor:
             got = await self._stop(record, ref, waited)
             if got is not None:
                 await self._take(main, record, got)
+                self._end(record, got)
             raise
         except Exception as e:
             return self._failed(record, e)
-        await self._take(main, record, NodeResult.model_validate(raw))
-        return self.runner.store.require_run(record.run_id)
+        result = NodeResult.model_validate(raw)
+        await self._take(main, record, result)
+        return self._end(record, result)
 
     # -- internals -------------------------------------------------------------------
     def _task(self, record: RunRecord, start: str, branch: str | None) -> NodeTask:
@@ -206,6 +208,12 @@ class RayExecutor:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
             return None
+
+    def _end(self, record: RunRecord, result: NodeResult) -> RunRecord:
+        """The node held the run's ending back until its work was home: write it now."""
+        if result.status not in {s.value for s in RunStatus if s.ended}:
+            raise OrchError(f"{result.node} returned without ending the run ({result.status!r})")
+        return self.runner.end_held(record.run_id, result.status)
 
     def _failed(self, record: RunRecord, error: Exception) -> RunRecord:
         """The task did not come back: its node died (interrupted), or our code on it
