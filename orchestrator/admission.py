@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .background import me
+from .background import me, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .errors import OrchError
@@ -127,6 +127,7 @@ class Admission:
             allowed_tools=allowed,
             pid=pid,
             pid_start=pid_start,
+            node=this_node(),
             options={
                 "spec": resolved.model_dump(mode="json"),
                 "max_turns": spec.limits.max_turns

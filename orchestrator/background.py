@@ -1,13 +1,15 @@
 """Ownership across processes: heartbeats, cancel requests, detached workers, reconcile.
 
-Every run has an owner process (``pid`` + ``pid_start`` in its record). The
+Every run has an owner process (``node`` + ``pid`` + ``pid_start`` in its record). The
 owner's :class:`Supervisor` beats the heartbeat of the runs it holds and
 watches the store for cancel requests (``orch cancel`` from another terminal).
 Any ``orch`` command first calls :func:`reconcile`: a queued or running run
 whose owner is gone becomes ``interrupted`` (its partial output kept), and what
 it owned is reaped: process groups killed, worktrees salvaged (work committed
 to the branch, never deleted), containers salvaged the same way (work exported to
-the branch) and removed.
+the branch) and removed. An owner on another node (a Ray node, see ``executors/``)
+cannot be asked by pid: it is gone once its heartbeat is older than
+:data:`REMOTE_STALE_S`, and its resources are its node's.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
@@ -25,10 +28,32 @@ from .store import RunStore, state_dir
 from .workspaces.base import kill_group_ref, process_start
 
 HEARTBEAT_S = 1.0
+REMOTE_STALE_S = 30.0  # a remote owner whose heartbeat is older is taken for gone
 HAVE_PROC = Path("/proc/self/stat").exists()
+_NODE: list[str] = []  # this process's node name, once known
 
 
-def owner_alive(record: RunRecord) -> bool:
+def this_node() -> str:
+    """Where this process runs, as run records name it: the host name, unless a Ray node
+    set its own (:func:`set_node`)."""
+    if not _NODE:
+        _NODE.append(socket.gethostname())
+    return _NODE[0]
+
+
+def set_node(name: str) -> None:
+    _NODE[:] = [name]
+
+
+def foreign(record: RunRecord) -> bool:
+    """Whether the run's owner is on another node (its pid is not one of ours)."""
+    return record.node is not None and record.node != this_node()
+
+
+def owner_alive(record: RunRecord, heartbeat_at: float | None = None) -> bool:
+    if foreign(record):
+        beat = heartbeat_at or record.started_at or record.created_at
+        return now() - beat < REMOTE_STALE_S
     if record.pid is None:
         return False
     if not HAVE_PROC:  # no /proc (macOS): the pid alone, without the reuse check
@@ -93,6 +118,19 @@ class Supervisor:
                 job.cancel("cancel requested")
 
 
+@contextlib.asynccontextmanager
+async def supervised(
+    store: RunStore, live: Callable[[], dict[str, asyncio.Task[RunRecord]]]
+) -> AsyncIterator[None]:
+    """A :class:`Supervisor` beside the runs of a block."""
+    supervisor = Supervisor(store, live)
+    supervisor.start()
+    try:
+        yield
+    finally:
+        await supervisor.stop()
+
+
 def reap(store: RunStore, run_id: str) -> list[str]:
     """Reap what a run whose owner is gone left behind; returns what was done."""
     done: list[str] = []
@@ -118,14 +156,20 @@ def reap(store: RunStore, run_id: str) -> list[str]:
 def reconcile(store: RunStore) -> list[RunRecord]:
     """Mark runs whose owner is gone as interrupted and reap their resources."""
     fixed: list[RunRecord] = []
-    for rec in store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING]):
-        if owner_alive(rec):
+    live = store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING])
+    beats: dict[str, float | None] = {}
+    if any(foreign(rec) for rec in live):  # their heartbeats say whether they are alive
+        beats = {r["run_id"]: r.get("heartbeat_at") for r in store.list_raw(since=now())}
+    for rec in live:
+        if owner_alive(rec, beats.get(rec.run_id)):
             continue
         current = store.get_run(rec.run_id)  # the owner may have ended it since the listing
         if current is None or current.status.ended:
             continue
-        actions = reap(store, rec.run_id)
-        error = f"interrupted: owner process {rec.pid} is gone"
+        # a remote owner's resources are on its node: nothing of them is here to reap
+        actions = [] if foreign(rec) else reap(store, rec.run_id)
+        where = f" on {rec.node}" if foreign(rec) else ""
+        error = f"interrupted: owner process {rec.pid}{where} is gone"
         if actions:
             error += " (" + "; ".join(actions) + ")"
         updated = store.end_if_active(

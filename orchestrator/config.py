@@ -185,6 +185,18 @@ class SandboxSettings(BaseModel):
     hidden: list[str] = Field(default_factory=list)  # more secret paths hidden from commands
 
 
+class RaySettings(BaseModel):
+    """``[ray]``: how runs executed on a Ray cluster ask for its resources (``executor``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = None  # None: RAY_ADDRESS, else "auto" (a cluster on this machine)
+    num_cpus: float = Field(default=1.0, ge=0)  # per run
+    memory_mb: int | None = Field(default=None, ge=1)  # per run; None: no reservation
+    slots: float = Field(default=1.0, gt=0)  # of the custom resource ``orch_slots`` a node has
+    cancel_grace_s: float = Field(default=30.0, ge=0)  # a cancelled run's time to end itself
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -227,6 +239,10 @@ class Settings(BaseModel):
     worktree_include: list[str] = Field(default_factory=list)
     agents_dirs: list[str] = Field(default_factory=list)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    # Where worktree and container runs execute: "local" (this process) or "ray" (a node of
+    # the Ray cluster at ray.address; the store must be one every node reaches).
+    executor: Literal["local", "ray"] = "local"
+    ray: RaySettings = Field(default_factory=RaySettings)
     # The run store: None for SQLite in .orch/ (or $ORCH_HOME), or a postgresql:// URL
     # (the `postgres` extra). ORCH_STORE wins over it. Never echoed: it may hold a password.
     store: str | None = None

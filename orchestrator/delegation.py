@@ -53,6 +53,17 @@ class RunHandle:
     job: asyncio.Task[RunRecord] | None
 
 
+class Executor(Protocol):
+    """Where a run executes when not in this process (the Ray executor of ``executors/``).
+
+    The Runner asks ``takes`` once a run has its slot and its place in the chain; ``run``
+    executes it elsewhere and returns its ended record, its work on its branch here."""
+
+    def takes(self, record: RunRecord) -> bool: ...
+
+    async def run(self, record: RunRecord) -> RunRecord: ...
+
+
 class Engine(Protocol):
     """What delegation needs of the Runner."""
 
@@ -69,6 +80,19 @@ class Engine(Protocol):
     async def cancel(self, run_ids: list[str]) -> None: ...
 
     def waiting(self, run_id: str) -> AbstractAsyncContextManager[None]: ...
+
+
+def spawned_event(record: RunRecord) -> dict[str, Any]:
+    """The ``child_spawned`` event a parent's stream gets for a new child."""
+    return {
+        "parent_run_id": record.parent_run_id,
+        "child_run_id": record.run_id,
+        "agent": record.agent,
+        "isolation": record.isolation,
+        "description": record.description,
+        "background": record.background,
+        **({"resumed_from": record.resumed_from} if record.resumed_from else {}),
+    }
 
 
 def format_child_result(record: RunRecord, limit: int) -> ToolOutput:

@@ -117,6 +117,9 @@ class RunRecord(BaseModel):
     recent_activities: list[Activity] = Field(default_factory=list)
     pid: int | None = None
     pid_start: int | None = None  # the owner's start time (clock ticks): guards against pid reuse
+    # Where the owner runs: this machine's host name for a local run, ``host/ray-<id>`` for a
+    # run on a Ray node (its pid means nothing elsewhere: reconcile goes by its heartbeat).
+    node: str | None = None
     # How a detached worker re-creates the run: workdir, model spec, limits, agents dirs.
     options: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=now)
@@ -134,6 +137,7 @@ class RunRecord(BaseModel):
             isolation=self.isolation,
             status=self.status,
             resumed_from=self.resumed_from,
+            node=self.node,
             summary=self.output or self.summary,
             error=self.error,
             evidence=self.evidence,
@@ -156,6 +160,7 @@ class RunResult(BaseModel):
     isolation: str
     status: RunStatus
     resumed_from: str | None = None
+    node: str | None = None
     summary: str
     error: str | None
     evidence: Evidence

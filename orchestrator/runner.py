@@ -4,7 +4,9 @@
 definition, model, tools never more than the parent's, chain position, tier
 never weaker than the parent's), stores the run ``queued`` and starts it: as a
 task of this process, or, for a root run asked for in the background, in a
-detached worker process that picks it up with :meth:`Runner.adopt`.
+detached worker process that picks it up with :meth:`Runner.adopt`. With an
+``Executor`` (``--executor ray``), a worktree or container run that got its place is
+executed on a cluster node instead (``executors/ray.py``), which adopts it there.
 
 A started run waits for a slot (the per-parent cap), opens its workspace
 (``async with``, the tier from ``spec.workspace``), runs a fresh ``AgentRun``
@@ -30,10 +32,10 @@ from typing import Any, Protocol
 
 from .admission import Admission
 from .agent import AgentRun, LoopOutcome, RunContext
-from .background import Supervisor, me, spawn_worker
+from .background import me, spawn_worker, supervised, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
-from .delegation import ChildSpawner, RunHandle
+from .delegation import ChildSpawner, Executor, RunHandle, spawned_event
 from .errors import OrchError
 from .gate import ChainGate
 from .models import ModelProvider
@@ -70,6 +72,7 @@ class Runner:
         tools: list[Tool] | None = None,
         launch: dict[str, Any] | None = None,
         provision: Provision | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.settings = settings
         # How another process rebuilds this runner (kept with detached runs for their worker).
@@ -77,6 +80,9 @@ class Runner:
         # How a tier config becomes a workspace (tests inject a fake runtime here).
         self.provision: Provision = provision or (lambda config, spec: config.provision(spec))
         self.store = store
+        self.executor = executor  # None: every run executes in this process
+        self._here: dict[str, Path] = {}  # run id -> its workdir on this node (adopted remotely)
+        self.held: dict[str, str] = {}  # run id -> the status _finish held back (on a node)
         self.catalog = catalog
         self.models = models
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
@@ -104,11 +110,16 @@ class Runner:
             return RunHandle(record, None)
         return RunHandle(record, self._start(record, driver))
 
-    async def adopt(self, run_id: str) -> RunRecord:
-        """Run a stored queued run to its end (the detached worker's side of ``spawn``)."""
+    async def adopt(self, run_id: str, *, workdir: Path | None = None) -> RunRecord:
+        """Run a stored queued run to its end (the detached worker's side of ``spawn``).
+
+        ``workdir``: a cluster node's copy of the spawner's repository, where the run
+        executes here whatever the executor (the node's side of ``Executor.run``)."""
         record = self.store.require_run(run_id)
         if record.status != RunStatus.QUEUED:
             return record
+        if workdir is not None:
+            self._here[run_id] = workdir
         return await self.run_handle(RunHandle(record, self._start(record, None)))
 
     async def run(self, spec: RunSpec, *, driver: Driver | None = None) -> RunRecord:
@@ -176,19 +187,7 @@ class Runner:
         self.store.create_run(record)
         self._live[record.run_id] = (record, resolved)
         if parent is not None:
-            self.store.add_event(
-                parent.run_id,
-                "child_spawned",
-                {
-                    "parent_run_id": parent.run_id,
-                    "child_run_id": record.run_id,
-                    "agent": record.agent,
-                    "isolation": record.isolation,
-                    "description": record.description,
-                    "background": record.background,
-                    **({"resumed_from": record.resumed_from} if record.resumed_from else {}),
-                },
-            )
+            self.store.add_event(parent.run_id, "child_spawned", spawned_event(record))
         return record
 
     # -- running ------------------------------------------------------------------------
@@ -237,6 +236,15 @@ class Runner:
                 await slot.acquire()
                 acquired = True
             await gate.enter(record.run_id)  # queued until the chain has a place for it
+            executor = self.executor
+            if driver is None and record.run_id not in self._here and executor is not None:
+                if executor.takes(record):
+                    try:
+                        return await executor.run(record)
+                    except OrchError as e:  # its work could not come home: it failed
+                        text = self.store.require_run(record.run_id).output
+                        failed = LoopOutcome(RunStatus.FAILED, text, str(e))
+                        return self._finish(record, None, failed, None)
             return await self._run(record, driver)
         except asyncio.CancelledError:
             ended = self.store.end_if_active(
@@ -256,17 +264,21 @@ class Runner:
                 self._gates.pop(record.chain_id, None)
             self._slots.pop(record.run_id, None)
             self._live.pop(record.run_id, None)
+            self._here.pop(record.run_id, None)
 
     async def _run(self, record: RunRecord, driver: Driver | None) -> RunRecord:
         store = self.store
         live = self._live.get(record.run_id)
         spec = live[1] if live else RunSpec.model_validate(record.options["spec"])
+        if record.run_id in self._here:
+            spec = spec.model_copy(update={"workdir": self._here[record.run_id]})
         assert spec.workspace is not None  # _admit resolved it
         definition = driver.definition if driver else self.catalog.agent(record.agent)
         pid, pid_start = me()
         store.update_run(
-            record.run_id, status=RunStatus.RUNNING, started_at=now(), pid=pid, pid_start=pid_start
-        )
+            record.run_id, status=RunStatus.RUNNING, started_at=now(), pid=pid,
+            pid_start=pid_start, node=this_node(),
+        )  # fmt: skip
         store.add_event(
             record.run_id,
             "run_started",
@@ -436,32 +448,35 @@ class Runner:
         outcome: LoopOutcome,
         workspace: Workspace | None,
     ) -> RunRecord:
-        """The one place a run's ending is written."""
+        """The one place a run's ending is written. A run adopted on a cluster node keeps
+        its status ``running`` here (held in ``held``): its spawner ends it with
+        :meth:`end_held` once the node's work is home, so an ended run's branch is there."""
         artifacts = [*(workspace.artifacts() if workspace is not None else []), *outcome.artifacts]
-        fields: dict[str, object] = {
-            "status": outcome.status,
-            "output": outcome.text,
-            "summary": outcome.text[:2000],
-            "error": outcome.error,
-            "artifacts": artifacts,
-            "ended_at": now(),
-        }
+        fields: dict[str, object] = {"output": outcome.text, "summary": outcome.text[:2000],
+                                     "error": outcome.error, "artifacts": artifacts}  # fmt: skip
+        held = record.run_id in self._here
+        if not held:
+            fields.update(status=outcome.status, ended_at=now())
         if ctx is not None:
             fields["usage"] = ctx.usage
             fields["evidence"] = ctx.evidence
         done = self.store.update_run(record.run_id, **fields)
         self.store.save_output(record.run_id, outcome.text)
-        self.store.add_event(
-            record.run_id,
-            "run_finished",
-            {
-                "status": outcome.status.value,
-                "error": outcome.error,
-                "usage": done.usage.model_dump(),
-                "evidence": done.evidence.model_dump(),
-                "artifacts": artifacts,
-            },
-        )
+        if held:
+            self.held[record.run_id] = outcome.status.value
+            return done.model_copy(update={"status": outcome.status})
+        return self._ended(done)
+
+    def end_held(self, run_id: str, status: str) -> RunRecord:
+        """Write the status a node's ``_finish`` held back (no-op if it ended meanwhile)."""
+        done = self.store.end_if_active(run_id, status=RunStatus(status), ended_at=now())
+        return self._ended(done) if done is not None else self.store.require_run(run_id)
+
+    def _ended(self, done: RunRecord) -> RunRecord:
+        self.store.add_event(done.run_id, "run_finished", {
+            "status": done.status.value, "error": done.error, "usage": done.usage.model_dump(),
+            "evidence": done.evidence.model_dump(), "artifacts": done.artifacts,
+        })  # fmt: skip
         return done
 
     # -- around root runs ---------------------------------------------------------------
@@ -474,11 +489,5 @@ class Runner:
         workdir = RunSpec.model_validate(record.options["spec"]).workdir
         return ContainerPool(workdir, self.settings.sandbox)
 
-    @contextlib.asynccontextmanager
-    async def supervised(self) -> AsyncIterator[None]:
-        supervisor = Supervisor(self.store, lambda: self.jobs)
-        supervisor.start()
-        try:
-            yield
-        finally:
-            await supervisor.stop()
+    def supervised(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return supervised(self.store, lambda: self.jobs)

@@ -26,6 +26,8 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 ``sandbox.user/uid/gid``   any change
 ``sandbox.hidden``         drops a path of the user's list
 ``sandbox.env_whitelist``  adds a variable name
+``executor``, ``ray``      any change: runs (with the API key) would go to a cluster the
+                           repository names
 ``agents.NAME.isolation``  an agent file of the repository that replaces one of the user's
                            (``~/.orch/agents``) or a bundled agent of the same name with a
                            weaker ``isolation`` (written, or left out: ``shared``); found
@@ -88,6 +90,8 @@ _GATED_KEYS = (
     "extra_secret_env",
     "store",
     "sandbox",
+    "executor",
+    "ray",
 )
 
 
@@ -242,6 +246,8 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
         theirs.extra_secret_env,
         _drops(_upper(base.extra_secret_env), _upper(theirs.extra_secret_env)),
     )
+    check("executor", theirs.executor, theirs.executor != base.executor)
+    check("ray", theirs.ray, theirs.ray != base.ray)
     if theirs.store is not None and theirs.store != base.store:
         from .store.url import redact  # the digest and `orch trust --show`: no password
 

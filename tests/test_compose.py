@@ -94,3 +94,33 @@ def test_compose_builds_the_sandbox_image() -> None:
     assert check.returncode == 0, check.stderr
     lines = check.stdout.split()
     assert lines[0] != "0" and "git" in check.stdout and "Python 3" in check.stdout
+
+
+def test_the_cluster_profile_is_valid_and_stays_off_bridge_networks() -> None:
+    """`--profile cluster`: a Ray head, two workers and Postgres, built from our own
+    Dockerfile, on the host network (no bridge), the store listening on loopback."""
+    out = subprocess.run(
+        [*_compose(), "--profile", "cluster", "config"],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "ORCH_PG_PASSWORD": "example"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    cluster = {"postgres", "ray-head", "ray-worker-1", "ray-worker-2"}
+    assert cluster <= set(services)
+    for name in cluster:
+        service = services[name]
+        assert service["network_mode"] == "host", name
+        assert not any("docker.sock" in str(v) for v in service.get("volumes", [])), name
+    for name in ("postgres", "ray-head"):
+        build = services[name]["build"]
+        assert build["dockerfile"] == "sandboxes/cluster.Dockerfile"
+        assert build["network"] == "host"
+    assert services["postgres"]["environment"]["ORCH_PG_LISTEN"] == "127.0.0.1"
+    assert '"orch_slots": 0' in services["ray-head"]["command"]
+    for name in ("ray-worker-1", "ray-worker-2"):
+        assert "--address=127.0.0.1:6379" in services[name]["command"]
+        assert '"orch_slots": 4' in services[name]["command"]
+    # only with the profile are they started or built
+    assert all(services[name].get("profiles") == ["cluster"] for name in cluster)
+    assert "profiles" not in services["sandbox"] and "profiles" not in services["orch"]

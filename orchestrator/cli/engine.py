@@ -60,13 +60,20 @@ def make_runner(
         "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
         "trust": project.trust.honoured_digest,  # a worker never honours more than this
     }
-    return Runner(
+    runner = Runner(
         settings=project.settings,
         store=project.store,
         catalog=catalog,
         models=provider,
         launch=launch,
     )
+    if project.settings.executor == "ray":  # worktree and container runs go to the cluster
+        from ..executors.raycluster import RayExecutor
+
+        executor = RayExecutor(runner)
+        executor.connect()
+        runner.executor = executor
+    return runner
 
 
 def worker_runner(project_dir: Path, run_id: str) -> tuple[Runner, Project]:

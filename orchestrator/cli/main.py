@@ -172,6 +172,10 @@ def task(
     max_parallel: Annotated[
         int | None, typer.Option(min=1, help="Children of one parent running at once.")
     ] = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(help="Where worktree/container runs execute: local, or ray (RAY_ADDRESS)."),
+    ] = None,
     max_turns: Annotated[
         int | None, typer.Option(min=1, help="Turns before the run fails.")
     ] = None,
@@ -197,6 +201,7 @@ def task(
         "auto_background_after": auto_background_after,
         "stall_timeout": stall_timeout,
         "max_parallel_children": max_parallel,
+        "executor": executor,
     }  # flags override orch.toml, and travel with a detached run to its worker
     project = open_project(workdir, **overrides)
     if config is not None and config.needs_git and not is_git_repo(project.root):

@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..background import owner_alive, reap, reconcile
+from ..background import owner_alive, reap, reconcile, this_node
 from ..errors import OrchError
 from ..run import EXIT_CODES, RunRecord, RunStatus, now
 from ..store import RunStore
@@ -53,6 +53,7 @@ def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
     usage = raw.get("usage") or {}
     return {
         **{k: raw.get(k) for k in PS_KEYS if k in raw},
+        "node": raw.get("node"),  # where it executes: a host name, or host/ray-<node id>
         "tool_uses": usage.get("tool_uses", 0),
         "input_tokens": usage.get("input_tokens", 0),
         "output_tokens": usage.get("output_tokens", 0),
@@ -125,6 +126,10 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     table.add_column("tokens", justify="right")
     table.add_column("last activity", overflow="fold", ratio=1)
     table.add_column("age", no_wrap=True)
+    here = this_node()
+    remote = any(r.get("node") not in (None, here) for r in rows)
+    if remote:  # runs on cluster nodes: say where each one is
+        table.add_column("node", no_wrap=True)
     for r in rows:  # every cell a Text: what a model or an agent file chose is never markup
         status = RunStatus(r["status"])
         act = r.get("last_activity") or {}
@@ -137,6 +142,7 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
             Text(f"{r['input_tokens'] + r['output_tokens']:,}"),
             safe_text(str(act.get("summary", "") if isinstance(act, dict) else "")[:60]),
             Text(age(r.get("started_at") or r.get("created_at"))),
+            *([safe_text(str(r.get("node") or here))] if remote else []),
         )
     return table
 

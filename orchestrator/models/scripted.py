@@ -248,6 +248,20 @@ class ScriptedModel:
                 )
         return out
 
+    def report(self) -> dict[str, Any]:
+        """What this copy of the script served (a run on a cluster node), for ``absorb``."""
+        runs = {rid: [i, self.position[rid]] for rid, i in self.bound.items()}
+        return {"served": list(self.served), "runs": runs}
+
+    def absorb(self, report: dict[str, Any]) -> None:
+        """Count what another copy of this script served as served here, so ``verify``
+        holds the whole tree to the script, wherever its runs executed."""
+        for i, n in enumerate(list(report.get("served", []))[: len(self.served)]):
+            self.served[i] += int(n)
+        for rid, (i, position) in dict(report.get("runs", {})).items():
+            self.bound[str(rid)] = int(i)
+            self.position[str(rid)] = int(position)
+
     def verify(self) -> None:
         problems = self.problems()
         if problems:

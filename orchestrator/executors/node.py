@@ -1,0 +1,163 @@
+"""The node's side of a run sent to a Ray cluster: clone, adopt, bring the branches back.
+
+:func:`run_on_node` is what a Ray task executes on a worker node (``raycluster.py``
+submits it). It gets the run id, the spawner's resolved settings, agents and launch
+options, and the run's starting commit as a git bundle; it
+
+1. makes a temp repository on the node and fetches the bundle into it (``HEAD`` detached
+   at the starting commit; a continued branch made at its tip) with hardened git;
+2. builds a Runner with those settings and agents, the store named by the node's
+   environment (``ORCH_STORE``, set from the spawner's through Ray's runtime env; or the
+   spawner's SQLite file when every node shares the machine) and the same model, and
+   adopts the stored ``queued`` run with that repository as its working directory: its
+   tier (a worktree of the temp repository, or a container of the node's own Docker
+   engine) runs here, progress and events go to the shared store, cancel requests are
+   watched, its children start here;
+3. bundles every ``orch/*`` branch the run (and its children) left, past the starting
+   commit, and returns it as bytes with the heads it holds; the temp repository goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..background import set_node
+from ..config import Settings
+from ..definitions import Catalog
+from ..git import RepoPaths, git
+from ..models import ModelProvider
+from ..runner import Runner
+from ..store import RunStore, SqliteStore, open_store
+
+ORCH_PREFIX = "refs/heads/orch/"
+
+
+class NodeTask(BaseModel):
+    """What the spawner sends with a run (besides its agents and the bundle)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    start: str  # the commit the run starts from (a continued branch's tip)
+    bundle_ref: str  # the starting commit's ref name inside the bundle
+    branch: str | None = None  # a continued orch/* branch: made at ``start`` on the node
+    settings: dict[str, Any]  # the spawner's resolved settings
+    launch: dict[str, Any]
+    model_spec: str | None = None
+    sqlite: str | None = None  # the spawner's SQLite file, when that is the store
+    max_bundle: int
+
+
+class NodeResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str
+    status: str  # the run's ending, which the spawner writes once its work is home
+    error: str | None = None  # why its work could not come back
+    heads: dict[str, str]  # refs/heads/orch/... -> commit, all in ``bundle``
+    bundle: bytes | None = None
+    scripted: dict[str, Any] | None = None  # a scripted model's use, for the spawner's
+
+
+def node_name() -> str:
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    return f"{socket.gethostname()}/ray-{node_id[:8]}"
+
+
+def run_on_node(
+    task: dict[str, Any], catalog: Catalog, bundle: bytes, secrets: dict[str, str]
+) -> dict[str, Any]:
+    """The Ray task: one run, adopted on this node (see the module doc). ``secrets`` (the
+    API key, a store URL) are this process's environment for the run, and only for it."""
+    spec = NodeTask.model_validate(task)
+    set_node(node_name())
+    saved = {k: os.environ.get(k) for k in secrets}
+    os.environ.update(secrets)
+    try:
+        with tempfile.TemporaryDirectory(prefix="orch-node-") as tmp:
+            result = asyncio.run(_run(spec, catalog, bundle, Path(tmp)))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return result.model_dump()
+
+
+def _store(spec: NodeTask, repo: Path) -> RunStore:
+    """The spawner's store: its Postgres URL (in this process's environment, from the
+    spawner's secrets), or its SQLite file when every node shares this machine."""
+    if spec.sqlite and not os.environ.get("ORCH_STORE"):
+        return SqliteStore(Path(spec.sqlite))
+    return open_store(repo)
+
+
+async def _run(spec: NodeTask, catalog: Catalog, bundle: bytes, tmp: Path) -> NodeResult:
+    path = tmp / "repo"
+    repo = await _clone(spec, bundle, tmp, path)
+    settings = Settings.model_validate(spec.settings)
+    store = _store(spec, path)
+    provider = ModelProvider(settings, spec.model_spec)
+    runner = Runner(
+        settings=settings, store=store, catalog=catalog, models=provider, launch=spec.launch
+    )
+    try:
+        async with provider:
+            record = await runner.adopt(spec.run_id, workdir=path)
+        heads, data = await _export(repo, tmp / "out.bundle", spec.start)
+    finally:
+        store.close()
+    report = provider.scripted.report() if provider.scripted is not None else None
+    # its ending was held back (Runner._finish): the spawner writes it once the work is home
+    status = runner.held.get(spec.run_id, record.status.value)
+    result = NodeResult(node=node_name(), status=status, heads=heads, scripted=report)
+    if data is not None and len(data) > spec.max_bundle:
+        result.error = (
+            f"the run's work is {len(data):,} bytes, over sandbox.bundle_max_bytes "
+            f"({spec.max_bundle:,}); it was not taken"
+        )
+    else:
+        result.bundle = data
+    return result
+
+
+async def _clone(spec: NodeTask, bundle: bytes, tmp: Path, path: Path) -> RepoPaths:
+    """A repository of this node holding the bundle's history, HEAD at the start."""
+    file = tmp / "in.bundle"
+    await asyncio.to_thread(file.write_bytes, bundle)
+    await asyncio.to_thread(path.mkdir)
+    repo = RepoPaths(path / ".git", path, path / ".git", path)
+    await git("init", "-q", "-b", "orch-node", repo=repo, cwd=path)
+    got = await git("bundle", "unbundle", str(file), repo=repo)
+    if f"{spec.start} {spec.bundle_ref}" not in got.out.splitlines():
+        raise RuntimeError(f"the bundle does not hold {spec.bundle_ref} at {spec.start}")
+    await git("update-ref", "--no-deref", "HEAD", spec.start, repo=repo)
+    await git("reset", "-q", "--hard", spec.start, repo=repo)
+    if spec.branch:
+        await git("update-ref", f"refs/heads/{spec.branch}", spec.start, repo=repo)
+    file.unlink()
+    return repo
+
+
+async def _export(repo: RepoPaths, out: Path, start: str) -> tuple[dict[str, str], bytes | None]:
+    """The ``orch/*`` branches past ``start``, bundled (None: no work came back)."""
+    listed = await git("for-each-ref", "--format=%(objectname) %(refname)", ORCH_PREFIX, repo=repo)
+    heads: dict[str, str] = {}
+    for line in listed.out.splitlines():
+        sha, _, ref = line.partition(" ")
+        if sha and ref and sha != start:
+            heads[ref] = sha
+    if not heads:
+        return {}, None
+    await git("bundle", "create", "-q", str(out), *heads, f"^{start}", repo=repo)
+    return heads, await asyncio.to_thread(out.read_bytes)

@@ -1,0 +1,308 @@
+"""The spawner's side of ``executor = "ray"``: runs sent to a Ray cluster, awaited here.
+
+:class:`RayExecutor` is the Runner's ``Executor``. A worktree- or container-tier run that
+got its slot and its place in the chain is sent, not started: its starting commit (the
+spawner's HEAD, or a continued branch's tip) is bundled with hardened git and put in Ray's
+object store once per commit, and one Ray task (``node.run_on_node``) with the run's
+resource request (``[ray]``: CPUs, memory, ``orch_slots``; spread over the nodes, never
+retried) adopts the stored run on a node. The task is awaited like a local child, so
+foreground, background, auto-background, ``task_output``, ``task_stop`` and resume are the
+local machinery unchanged.
+
+What comes back is data: a bundle of the ``orch/*`` branches the run made, unbundled into
+the spawner's repository with hardened git and moved onto their branches by
+compare-and-swap (a branch moved meanwhile keeps both: ``<branch>-head``).
+
+Cancel: a cancelled wait asks the store to cancel the run (the node's supervisor ends it
+the normal way, work committed) and gives it ``ray.cancel_grace_s`` before
+``ray.cancel(force=True)``. A node that dies leaves the run ``interrupted`` with its
+partial output; the store keeps all it wrote.
+
+Secrets: the API key, the Anthropic base URL and a Postgres URL reach the nodes as one
+object in Ray's object store (``ray.put`` once per driver, passed by reference: in the
+memory of this process and of the node, over Ray's own connections), set in the node
+process's environment for the run and removed after. Not as Ray runtime-env variables:
+Ray's runtime-env agent writes those, values included, to its log files. Never in the
+store or any log (``tests/test_ray.py`` greps the store, orch's and Ray's logs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OrchError, UsageError
+from ..git import RepoPaths, first_line, git
+from ..repo import is_ancestor, locate, rev
+from ..run import RunRecord, RunStatus, now
+from ..spec import RunSpec
+from ..store import SqliteStore, store_url
+from ..workspaces.transfer import Staging, base_bundle, bundle_ref
+from . import REMOTE_TIERS
+from .node import NodeResult, NodeTask, run_on_node
+
+if TYPE_CHECKING:
+    from ..runner import Runner
+
+# What a node's environment gets from the spawner's (through the object store, never stored).
+FORWARDED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "ORCH_STORE")
+_SAFE_REF = re.compile(r"^refs/heads/orch/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+_SHA = re.compile(r"^[0-9a-f]{40,64}$")
+NO_CLUSTER = (
+    "cannot reach the Ray cluster at {where}: {why}; start one (`ray start --head "
+    "--resources '{{\"orch_slots\": 4}}'`) and set RAY_ADDRESS, or drop --executor ray"
+)
+
+
+def shared_store(runner: Runner) -> str | None:
+    """The URL of the store every node reaches (Postgres: ``ORCH_STORE``, else the
+    ``store`` setting), or None for SQLite."""
+    return store_url(runner.settings.store)
+
+
+class RayExecutor:
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.cfg = runner.settings.ray
+        self._bundles: dict[Path, Any] = {}  # bundle file -> its ObjectRef
+        self._remote: Any = None
+        self._secrets: Any = None  # ObjectRef of the forwarded environment
+        self._lock = asyncio.Lock()
+
+    # -- Executor --------------------------------------------------------------------
+    def takes(self, record: RunRecord) -> bool:
+        """Worktree and container children, and background roots; a container child of a
+        container run stays with its parent (it starts from the parent's live checkpoint)."""
+        if record.isolation not in REMOTE_TIERS:
+            return False
+        if record.parent_run_id is None:
+            return record.background
+        parent = self.runner.store.get_run(record.parent_run_id)
+        return parent is None or parent.isolation != "container"
+
+    async def run(self, record: RunRecord) -> RunRecord:
+        await self._connect()
+        spec = RunSpec.model_validate(record.options["spec"])
+        located = await locate(spec.workdir)
+        main = located.main()
+        branch = getattr(spec.workspace, "branch", None)
+        start = await rev(f"refs/heads/{branch}", main) if branch else await rev("HEAD", located)
+        if start is None:
+            raise UsageError(
+                f"the git repository at {main.main_root} has no commits yet"
+                + (f" (or no branch {branch})" if branch else "")
+                + "; make a first commit or use isolation 'shared'"
+            )
+        data = await self._put(await base_bundle(main, start))
+        task = self._task(record, start, branch)
+        ref = self._remote.options(**self._options()).remote(
+            task.model_dump(), self.runner.catalog, data, self._secrets
+        )
+        waited = asyncio.wrap_future(ref.future())
+        try:
+            raw = await asyncio.shield(waited)
+        except asyncio.CancelledError:
+            got = await self._stop(record, ref, waited)
+            if got is not None:
+                await self._take(main, record, got)
+                self._end(record, got)
+            raise
+        except Exception as e:
+            return self._failed(record, e)
+        result = NodeResult.model_validate(raw)
+        await self._take(main, record, result)
+        return self._end(record, result)
+
+    # -- internals -------------------------------------------------------------------
+    def _task(self, record: RunRecord, start: str, branch: str | None) -> NodeTask:
+        runner = self.runner
+        sqlite = None
+        if shared_store(runner) is None and isinstance(runner.store, SqliteStore):
+            sqlite = str(runner.store.path)  # only nodes of this machine share the file
+        return NodeTask(
+            run_id=record.run_id,
+            start=start,
+            bundle_ref=bundle_ref(start),
+            branch=branch,
+            # the store's URL (it may hold a password) travels with the secrets only
+            settings=runner.settings.model_dump(mode="json", by_alias=True, exclude={"store"}),
+            launch=runner.launch,
+            model_spec=runner.launch.get("model_spec"),
+            sqlite=sqlite,
+            max_bundle=runner.settings.sandbox.bundle_max_bytes,
+        )
+
+    def _options(self) -> dict[str, Any]:
+        cfg = self.cfg
+        options: dict[str, Any] = {
+            "num_cpus": cfg.num_cpus,
+            "resources": {"orch_slots": cfg.slots},
+            "scheduling_strategy": "SPREAD",
+            "max_retries": 0,
+        }
+        if cfg.memory_mb:
+            options["memory"] = cfg.memory_mb * 1024 * 1024
+        return options
+
+    def connect(self) -> None:
+        """Join the cluster now (a command fails at once, in one line, without one)."""
+        if self._remote is None:
+            self._remote = self._connect_sync()
+
+    async def _connect(self) -> None:
+        async with self._lock:
+            if self._remote is None:
+                self._remote = await asyncio.to_thread(self._connect_sync)
+
+    def _connect_sync(self) -> Any:
+        import ray
+
+        if not ray.is_initialized():
+            where = self.cfg.address or os.environ.get("RAY_ADDRESS") or "auto"
+            _probe(where)
+            try:
+                ray.init(
+                    address=where, namespace="orch", log_to_driver=False,
+                    logging_level=logging.ERROR,
+                )  # fmt: skip
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise UsageError(NO_CLUSTER.format(where=where, why=first_line(str(e)))) from e
+        env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+        if (url := shared_store(self.runner)) is not None:
+            env["ORCH_STORE"] = url
+        self._secrets = ray.put(env)
+        slots = ray.cluster_resources().get("orch_slots", 0)  # type: ignore[no-untyped-call]
+        if slots < self.cfg.slots:
+            raise UsageError(
+                f"the Ray cluster has {slots:g} orch_slots, a run asks for {self.cfg.slots:g}: "
+                "start its nodes with --resources '{\"orch_slots\": N}'"
+            )
+        return ray.remote(run_on_node)
+
+    async def _put(self, bundle: Path) -> Any:
+        found = self._bundles.get(bundle)
+        if found is None:
+            import ray
+
+            data = await asyncio.to_thread(bundle.read_bytes)
+            found = self._bundles[bundle] = await asyncio.to_thread(ray.put, data)
+        return found
+
+    async def _stop(
+        self, record: RunRecord, ref: Any, waited: asyncio.Future[Any]
+    ) -> NodeResult | None:
+        """A cancelled wait: the node ends the run itself if it can, else it is killed."""
+        import ray
+
+        self.runner.store.request_cancel([record.run_id])
+        try:
+            raw = await asyncio.wait_for(asyncio.shield(waited), self.cfg.cancel_grace_s)
+            return NodeResult.model_validate(raw)
+        except (asyncio.CancelledError, Exception):
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+            return None
+
+    def _end(self, record: RunRecord, result: NodeResult) -> RunRecord:
+        """The node held the run's ending back until its work was home: write it now."""
+        if result.status not in {s.value for s in RunStatus if s.ended}:
+            raise OrchError(f"{result.node} returned without ending the run ({result.status!r})")
+        return self.runner.end_held(record.run_id, result.status)
+
+    def _failed(self, record: RunRecord, error: Exception) -> RunRecord:
+        """The task did not come back: its node died (interrupted), or our code on it
+        raised (failed); every run of it still active ends so."""
+        from ray.exceptions import RayTaskError
+
+        store = self.runner.store
+        crashed = isinstance(error, RayTaskError)
+        status = RunStatus.FAILED if crashed else RunStatus.INTERRUPTED
+        current = store.require_run(record.run_id)
+        where = current.node or "its node"
+        cause = getattr(error, "cause", None) or error
+        why = f"{type(cause).__name__}: {first_line(str(cause))}"[:300]
+        text = f"failed on {where}: {why}" if crashed else f"interrupted: {where} was lost ({why})"
+        for run in [current, *store.descendants(record.run_id)]:
+            ended = store.end_if_active(
+                run.run_id, status=status, error=text, output=run.output or run.summary,
+                ended_at=now(),
+            )  # fmt: skip
+            if ended is not None:
+                store.add_event(run.run_id, "run_finished", {"status": status.value, "error": text})
+        return store.require_run(record.run_id)
+
+    async def _take(self, main: RepoPaths, record: RunRecord, result: NodeResult) -> None:
+        """Bring the node's branches home (hardened unbundle, compare-and-swap refs)."""
+        scripted = getattr(self.runner.models, "scripted", None)
+        if result.scripted is not None and scripted is not None:
+            scripted.absorb(result.scripted)
+        if result.error is not None:
+            raise OrchError(result.error)
+        if not result.bundle or not result.heads:
+            return
+        staging = await asyncio.to_thread(Staging)
+        try:
+            path = staging.path("out.bundle")
+            await asyncio.to_thread(path.write_bytes, result.bundle)
+            got = await git("bundle", "unbundle", str(path), repo=main, check=False)
+        finally:
+            await asyncio.to_thread(staging.remove)
+        if got.code != 0:
+            raise OrchError(
+                f"the work from {result.node} is not a valid bundle: {first_line(got.err)}"
+            )
+        held = {ref: sha for sha, _, ref in (ln.partition(" ") for ln in got.out.splitlines())}
+        renamed: dict[str, str] = {}
+        for ref, sha in result.heads.items():
+            if (
+                not _SAFE_REF.match(ref)
+                or ".." in ref
+                or not _SHA.match(sha)
+                or held.get(ref) != sha
+            ):
+                raise OrchError(f"the work from {result.node} names a bad ref: {ref[:120]!r}")
+            kept = await _move(main, ref, sha)
+            if kept != ref:
+                renamed[ref.removeprefix("refs/heads/")] = kept.removeprefix("refs/heads/")
+        if renamed:
+            done = self.runner.store.require_run(record.run_id)
+            arts = [
+                {**a, "branch": renamed.get(a.get("branch", ""), a.get("branch"))}
+                for a in done.artifacts
+            ]
+            self.runner.store.update_run(record.run_id, artifacts=arts)
+
+
+def _probe(where: str) -> None:
+    """A cluster address that answers nothing fails now, not after Ray's minutes of retries."""
+    host, _, port = where.removeprefix("ray://").rpartition(":")
+    if where == "auto" or not port.isdigit():
+        return  # Ray finds (or refuses) a cluster of this machine itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise UsageError(NO_CLUSTER.format(where=where, why=e.strerror or str(e))) from e
+
+
+async def _move(main: RepoPaths, ref: str, tip: str) -> str:
+    """Point ``ref`` at ``tip``: made if absent, moved only forward; else ``<ref>-head``."""
+    current = await rev(ref, main)
+    if current == tip:
+        return ref
+    if current is None:
+        made = await git("update-ref", ref, tip, "0" * 40, repo=main, check=False)
+        if made.code == 0:
+            return ref
+    elif await is_ancestor(main, current, tip):
+        moved = await git("update-ref", ref, tip, current, repo=main, check=False)
+        if moved.code == 0:
+            return ref
+    other = f"{ref}-head"
+    await git("update-ref", other, tip, repo=main)
+    return other
