@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -116,13 +117,14 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             return ex
 
         def _write(self, ex: Exchange, code: int, ctype: str, raw: bytes) -> None:
-            self.send_response(code)
-            self.send_header("content-type", ctype)
-            self.send_header("content-length", str(len(raw)))
-            self.send_header("request-id", f"req_bench_{id(ex):x}")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(raw)
+            body = raw if self.command != "HEAD" else b""
+            head = (
+                f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
+                f"content-type: {ctype}\r\ncontent-length: {len(raw)}\r\n"
+                f"request-id: req_bench_{id(ex):x}\r\n\r\n"
+            )
+            # status, headers and body in one write: "response sent" is one instant
+            self.wfile.write(head.encode() + body)
             self.wfile.flush()
             ex.status = code
             ex.t_sent = time.perf_counter()

@@ -29,6 +29,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = "@anthropic-ai/claude-code"
+LOAD: list[float] = []  # 1-minute load average before and after the runs
 
 
 class Skipped(Exception):
@@ -111,11 +112,15 @@ def ensure_claude(prefix: list[str]) -> tuple[Path, str]:
 def orch_binary() -> Path:
     orch = Path(sys.executable).parent / "orch"
     if not orch.exists():
-        raise RuntimeError(f"no `orch` beside {sys.executable}: pip install -e . first")
+        raise RuntimeError(
+            f"no `orch` beside {sys.executable}: run bench/run with the venv's python "
+            "(. .venv/bin/activate) after pip install -e ."
+        )
     return orch
 
 
 def collect(runs: int) -> tuple[list[dict[str, Any]], str]:
+    LOAD.append(os.getloadavg()[0])
     prefix = netns_prefix()
     claude, version = ensure_claude(prefix)
     cmd = [
@@ -134,6 +139,7 @@ def collect(runs: int) -> tuple[list[dict[str, Any]], str]:
     results = [json.loads(line) for line in got.stdout.splitlines() if line.startswith("{")]
     if got.returncode != 0:
         raise RuntimeError(f"peer runs failed: {got.stderr.strip()[-600:]}")
+    LOAD.append(os.getloadavg()[0])
     return results, version
 
 
@@ -176,6 +182,7 @@ def rows(results: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
             "report",
         ),
         ("child_tools", "child's 1st request: number of tools", "report"),
+        ("cpu_ms", "CPU time, user + sys, process and the children it waited for", "report"),
         ("pss_tree_peak_mib", "peak memory, whole process tree (sum of PSS), MiB", "report"),
         ("rss_max_single_mib", "peak RSS of the largest single process (wait4), MiB", "report"),
     ]:
@@ -194,7 +201,7 @@ def rows(results: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
         }
         for t, rs in by.items()
     }
-    out[0]["detail"] = extra
+    out[0]["detail"] = extra | {"load_average_1m_before_after": [round(x, 1) for x in LOAD]}
     return out
 
 

@@ -310,6 +310,7 @@ def run_one(tool: str, fake: FakeServer, script: Script, paths: dict[str, str]) 
         "rss_tree_peak_mib": rss["rss"] / 2**20,
         "rss_samples": rss["samples"],
         "rss_max_single_mib": usage.ru_maxrss / 1024,
+        "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000,
         "leftover_processes": leftovers,
     }
 
