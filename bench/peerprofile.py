@@ -140,7 +140,7 @@ def trace_exit(fake: FakeServer, script: Script, top: int, out: Path) -> None:
         if m:
             t = int(m[2]) * 3600 + int(m[3]) * 60 + float(m[4])
             events.append((t, int(m[1]), m[5]))
-    last_read = max(i for i, e in enumerate(events) if "msg_bench" in e[2])
+    last_read = max(i for i, e in enumerate(events) if "HTTP/1.1 200" in e[2])
     tail = events[last_read:]
     span = tail[-1][0] - tail[0][0]
     print(
