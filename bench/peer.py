@@ -46,7 +46,7 @@ def netns_prefix() -> list[str]:
     if not shutil.which("unshare"):
         raise Skipped("`unshare` is missing: Claude Code runs only where it can reach no address")
     prefix = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user"]
-    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    probe = subprocess.run([*prefix, sys.executable, "-c", ""], capture_output=True, text=True)
     if probe.returncode != 0:
         raise Skipped(
             f"no network namespace ({probe.stderr.strip()[:120]}): Claude Code "
@@ -91,8 +91,9 @@ def ensure_claude(prefix: list[str]) -> tuple[Path, str]:
         except subprocess.TimeoutExpired as e:
             raise Skipped("npm install of Claude Code timed out (registry unreachable?)") from e
         if got.returncode != 0:
-            last = (got.stderr.strip().splitlines() or ["?"])[-1]
-            raise Skipped(f"npm install of Claude Code failed (registry unreachable?): {last}")
+            errs = [x for x in got.stderr.splitlines() if x.startswith("npm error")]
+            why = " / ".join(errs[:2]) or got.stderr.strip()[-200:]
+            raise Skipped(f"npm install of Claude Code failed (registry unreachable?): {why}")
         binary = _native(cache)
         if binary is None:
             raise Skipped(f"npm installed {PACKAGE} but no native binary for this platform")
