@@ -106,10 +106,15 @@ class Runner:
 
     async def adopt(self, run_id: str) -> RunRecord:
         """Run a stored queued run to its end (the detached worker's side of ``spawn``)."""
+        return await self.run_handle(self.start(run_id))
+
+    def start(self, run_id: str) -> RunHandle:
+        """Start a stored queued run in this process without waiting for it (a worker host
+        adopts many this way, under one supervisor of its own); no job if it is not queued."""
         record = self.store.require_run(run_id)
         if record.status != RunStatus.QUEUED:
-            return record
-        return await self.run_handle(RunHandle(record, self._start(record, None)))
+            return RunHandle(record, None)
+        return RunHandle(record, self._start(record, None))
 
     async def run(self, spec: RunSpec, *, driver: Driver | None = None) -> RunRecord:
         """Spawn a root run and wait for its end, with heartbeats and cancel requests."""
