@@ -187,7 +187,7 @@ def start_host(project_root: Path, state: Path, key: str, lock_fd: int, run_id: 
             "-C", str(project_root)]  # fmt: skip
     with (logs / "host.log").open("ab") as log:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=state, env=host_env(),
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=host_env(),
             start_new_session=True, close_fds=True, pass_fds=(lock_fd,),
         )  # fmt: skip
     return proc.pid

@@ -130,7 +130,7 @@ class WorkerHost:
             if reply is not None:
                 writer.write(json.dumps(reply).encode() + b"\n")
                 await writer.drain()
-        except (OSError, ValueError, TimeoutError) as e:
+        except Exception as e:  # one connection's trouble never ends the host
             log(f"a connection ended badly: {type(e).__name__}: {e}")
         finally:
             writer.close()
@@ -184,13 +184,13 @@ class WorkerHost:
             slot = self._slot(self.prepare(self.store, workdir, dict(launch)))
         except (OrchError, OSError, KeyError, TypeError, ValueError) as e:
             return f"cannot build its engine: {e}"
-        self.adopted.add(run_id)
-        pid, pid_start = me()
-        self.store.update_run(run_id, pid=pid, pid_start=pid_start)
-        handle = slot.runner.start(run_id)
+        handle = slot.runner.start(run_id)  # the job runs from our next await on
         if handle.job is None:
             self._release(slot)
             return "it is no longer queued"
+        self.adopted.add(run_id)
+        pid, pid_start = me()  # ours from now on (the launcher may read it before we answer)
+        self.store.update_run(run_id, pid=pid, pid_start=pid_start)
         slot.runs.add(run_id)
         self.idle_seconds = slot.engine.idle_seconds
         if slot.engine.needs_sdk and self._sdk is None:

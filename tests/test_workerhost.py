@@ -385,3 +385,20 @@ def test_runs_on_the_real_sdk_share_the_host(project: Path) -> None:
     (host,) = owners
     assert host is not None and gone(host, timeout=20)
     assert none_left(f"-C {project}")
+
+
+def test_launchers_with_other_environments_get_hosts_of_their_own(project: Path) -> None:
+    script = write_script(project, SLOW)
+    a = _launch(project, script, ORCH_TEST_FLAVOUR="one")
+    b = _launch(project, script, ORCH_TEST_FLAVOUR="two")
+    c = _launch(project, script, ORCH_TEST_FLAVOUR="one")
+    _wait_for(lambda: _running(project, [a, b, c]))
+    pa, pb, pc = (_record(project, r).pid for r in (a, b, c))
+    assert pa == pc and pa != pb  # a run never sees another launcher's environment
+    assert len(list((project / ".orch").glob("host-*.sock"))) == 2
+    for pid in (pa, pb):
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        assert gone(pid, timeout=20)
+    assert {_record(project, r).status for r in (a, b, c)} == {RunStatus.CANCELLED}
+    assert none_left(f"-C {project}")
