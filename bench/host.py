@@ -72,11 +72,13 @@ def _rss(pid: int) -> int:
     raise RuntimeError(f"no RSS for pid {pid}")
 
 
-def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait(
+    pred: Callable[[], bool], timeout: float, what: str, why: Callable[[], str] = str
+) -> None:
     end = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > end:
-            raise RuntimeError(f"timed out waiting for {what}")
+            raise RuntimeError(f"timed out waiting for {what} {why()}")
         time.sleep(0.05)
 
 
@@ -101,6 +103,11 @@ class Project:
     def running(self, ids: list[str]) -> bool:
         return all(self.store.require_run(r).status == RunStatus.RUNNING for r in ids)
 
+    def statuses(self) -> str:
+        runs = self.store.list_runs()
+        seen = {(r.status.value, r.pid) for r in runs}
+        return str({k: sum((r.status.value, r.pid) == k for r in runs) for k in seen})
+
     def pid(self, run_id: str) -> int:
         pid = self.store.require_run(run_id).pid
         assert pid is not None
@@ -121,7 +128,7 @@ def _memory(
         note(f"{label}: host {host} at {before / MIB:.1f} MiB with one run; launching {n}")
         with ThreadPoolExecutor(4) as pool:
             ids = list(pool.map(lambda _: _launch(p.root, env, model), range(n)))
-        _wait(lambda: p.running(ids) and waiting() >= n + 1, 120, f"{n} runs")
+        _wait(lambda: p.running(ids) and waiting() >= n + 1, 120, f"{n} runs", p.statuses)
         note(f"{label}: {n} runs launched")
         hosts = {p.pid(r) for r in ids}
         time.sleep(1.0)
