@@ -145,11 +145,12 @@ def spawn_worker(project_root: Path, run_id: str) -> int:
     """Hand a queued background run to the worker host of its state dir (``workerhost.py``,
     started when none lives); failing that, start a worker of its own. Returns the pid of
     the process that owns the run."""
+    from .errors import OrchError
     from .hostlink import HostUnavailable, hand_to_host
 
     try:
         return hand_to_host(project_root, run_id)
-    except (HostUnavailable, OSError) as e:
+    except (HostUnavailable, OrchError, OSError) as e:
         return own_worker(project_root, run_id, f"no worker host ({e})")
 
 

@@ -70,10 +70,20 @@ def host_env() -> dict[str, str]:
     return env
 
 
-def env_key() -> str:
-    """The digest of what a detached run inherits from its launcher."""
+def store_setting(project_root: Path) -> str | None:
+    """The ``store`` setting of the project, as every command reads it (``ORCH_STORE`` wins)."""
+    from .agent_trust import load_trusted
+
+    return load_trusted(project_root)[0].store
+
+
+def env_key(store: str | None = None) -> str:
+    """The digest of what a detached run inherits from its launcher, and of its store."""
+    from .store import store_url
+
     env = {k: v for k, v in host_env().items() if k not in VOLATILE_ENV}
-    blob = json.dumps([sorted(env.items()), _umask(), sys.executable, str(CODE)])
+    url = store_url(store) or "sqlite"  # only its digest is ever written anywhere
+    blob = json.dumps([sorted(env.items()), _umask(), sys.executable, str(CODE), url])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -197,7 +207,7 @@ def _owner(project_root: Path, run_id: str) -> int | None:
     """The run's owner pid as stored (a host that took it wrote its own)."""
     from .store import open_store
 
-    store = open_store(project_root)
+    store = open_store(project_root, store_setting(project_root))
     try:
         record = store.get_run(run_id)
     finally:
@@ -221,7 +231,7 @@ def hand_to_host(project_root: Path, run_id: str) -> int:
     if not enabled():
         raise HostUnavailable("worker hosts are off here (not Linux, or ORCH_WORKER_HOST=0)")
     state = state_dir(project_root)
-    key = env_key()
+    key = env_key(store_setting(project_root))
     sock_path, lock_path = paths(state, key)
     end = time.monotonic() + START_TIMEOUT_S
     while True:

@@ -349,14 +349,18 @@ class WorkerHost:
 
 
 def serve(
-    root: Path, key: str, prepare: Prepare, *, lock_fd: int | None, first: tuple[str, int] | None
+    root: Path,
+    key: str,
+    store: RunStore,
+    prepare: Prepare,
+    *,
+    lock_fd: int | None,
+    first: tuple[str, int] | None,
 ) -> int:
-    """The host process's main: serve until idle (or SIGTERM), then close everything."""
-    from .store import open_store
-
+    """The host process's main: serve until idle (or SIGTERM), then close everything.
+    ``store`` is the store of the launcher that started it (its key says which)."""
     if lock_fd is not None:
         os.set_inheritable(lock_fd, False)  # never held on by a command a run starts
-    store = open_store(root)
     try:
         host = WorkerHost(store, state_dir(root), key, prepare, lock_fd)
         return asyncio.run(host.serve(root, first))

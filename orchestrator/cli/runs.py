@@ -268,14 +268,17 @@ def host(
     workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
 ) -> None:
     """(internal) The worker host of a state dir: runs many detached runs in one process."""
+    from ..hostlink import store_setting
     from ..paths import project_root
+    from ..store import open_store
     from ..workerhost import serve
     from .engine import host_engine, not_dumpable
 
     not_dumpable()
     root = project_root(workdir or Path.cwd())
+    store = open_store(root, store_setting(root))  # the launcher's (its key says which)
     first = (run, launcher) if run else None
-    raise typer.Exit(serve(root, key, host_engine, lock_fd=lock_fd, first=first))
+    raise typer.Exit(serve(root, key, store, host_engine, lock_fd=lock_fd, first=first))
 
 
 def register(app: typer.Typer) -> None:
