@@ -186,11 +186,27 @@ def reconcile(store: RunStore) -> list[RunRecord]:
 
 
 def spawn_worker(project_root: Path, run_id: str) -> int:
-    """Start a detached worker (new session: survives the terminal) for a queued run."""
+    """Hand a queued background run to the worker host of its state dir (``workerhost.py``,
+    started when none lives); failing that, start a worker of its own. Returns the pid of
+    the process that owns the run."""
+    from .errors import OrchError
+    from .hostlink import HostUnavailable, hand_to_host
+
+    try:
+        return hand_to_host(project_root, run_id)
+    except (HostUnavailable, OrchError, OSError) as e:
+        return own_worker(project_root, run_id, f"no worker host ({e})")
+
+
+def own_worker(project_root: Path, run_id: str, why: str = "") -> int:
+    """Start a detached worker (new session: survives the terminal) for one queued run."""
     logs = state_dir(project_root) / "logs"
     logs.mkdir(exist_ok=True)
     log = (logs / f"{run_id}.log").open("ab")
     try:
+        if why:
+            log.write(f"orch: {why}; this run gets a worker of its own\n".encode())
+            log.flush()
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "_worker", run_id, "-C", str(project_root)],
             stdin=subprocess.DEVNULL,

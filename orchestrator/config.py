@@ -233,6 +233,9 @@ class Settings(BaseModel):
     hooks: Hooks = Field(default_factory=Hooks)
     auto_background_after: float = 120.0  # seconds; 0 turns it off
     stall_timeout: float = 600.0
+    # The worker host of detached runs exits this long after its last run ended (0: at once);
+    # ORCH_HOST_IDLE overrides it.
+    host_idle_seconds: float = Field(default=60.0, ge=0)
     # Host-tier commands: "none" (default) or "host" (the machine's network).
     network: Literal["none", "host"] = "none"
     extra_env: dict[str, str] = Field(default_factory=dict)  # given to sandboxed commands

@@ -115,12 +115,17 @@ class Runner:
 
         ``workdir``: a cluster node's copy of the spawner's repository, where the run
         executes here whatever the executor (the node's side of ``Executor.run``)."""
+        return await self.run_handle(self.start(run_id, workdir=workdir))
+
+    def start(self, run_id: str, *, workdir: Path | None = None) -> RunHandle:
+        """Start a stored queued run in this process without waiting for it (a worker host
+        adopts many this way, under one supervisor of its own); no job if it is not queued."""
         record = self.store.require_run(run_id)
         if record.status != RunStatus.QUEUED:
-            return record
+            return RunHandle(record, None)
         if workdir is not None:
             self._here[run_id] = workdir
-        return await self.run_handle(RunHandle(record, self._start(record, None)))
+        return RunHandle(record, self._start(record, None))
 
     async def run(self, spec: RunSpec, *, driver: Driver | None = None) -> RunRecord:
         """Spawn a root run and wait for its end, with heartbeats and cancel requests."""

@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 from .common import Project
 
 if TYPE_CHECKING:
+    from ..definitions import Catalog
     from ..models import ModelProvider
     from ..runner import Runner
+    from ..store import RunStore
+    from ..workerhost import Engine
 
 
 def all_agents_dirs(project: Project, flags: list[Path]) -> list[Path]:
@@ -44,6 +47,7 @@ def make_runner(
     *,
     model_spec: str | None = None,
     overrides: dict[str, Any] | None = None,
+    catalog: Catalog | None = None,
 ) -> Runner:
     """The runner for a command; ``model_spec`` and ``overrides`` (the flags that made the
     settings) are kept with detached runs so their worker builds the same engine."""
@@ -52,8 +56,9 @@ def make_runner(
     from ..runner import Runner
 
     not_dumpable()
-    catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
-    catalog = guard(project.trust, catalog)  # untrusted agent files: isolation kept
+    if catalog is None:
+        catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
+        catalog = guard(project.trust, catalog)  # untrusted agent files: isolation kept
     launch = {
         "model_spec": model_spec,
         "agents_dirs": [str(p.resolve()) for p in agents_dirs],
@@ -90,3 +95,46 @@ def worker_runner(project_dir: Path, run_id: str) -> tuple[Runner, Project]:
     provider = ModelProvider(project.settings, launch.get("model_spec"))
     dirs = [Path(p) for p in launch.get("agents_dirs", [])]
     return make_runner(project, provider, dirs), project
+
+
+def host_engine(store: RunStore, project_dir: Path, launch: dict[str, Any]) -> Engine:
+    """What a worker host needs to run a handed-over run: the same settings, trust cap and
+    catalog as :func:`worker_runner` (read afresh for every run, as a worker would), over
+    the host's store; runs with equal keys and catalogs share one runner."""
+    import json
+
+    from ..agent_trust import guard, load_trusted
+    from ..definitions import load_catalog
+    from ..models import ModelProvider
+    from ..paths import project_root
+    from ..trust import TrustCap
+    from ..workerhost import Engine
+
+    root = project_root(project_dir)
+    overrides = dict(launch.get("overrides") or {})
+    settings, trust = load_trusted(root, overrides, cap=TrustCap(launch.get("trust")))
+    project = Project(root, project_dir.resolve(), settings, store, trust)
+    dirs = [Path(p) for p in launch.get("agents_dirs") or []]
+    catalog = guard(trust, load_catalog(root, agents_dirs=all_agents_dirs(project, dirs)))
+    spec: str | None = launch.get("model_spec")
+    scripted = (spec or settings.model).startswith("scripted:")
+    key = json.dumps(
+        [str(root), launch, settings.model_dump(mode="json"), trust.honoured_digest],
+        sort_keys=True,
+        default=str,
+    )
+
+    def make() -> Runner:
+        provider = ModelProvider(settings, spec)
+        return make_runner(
+            project, provider, dirs, model_spec=spec, overrides=overrides, catalog=catalog
+        )
+
+    return Engine(
+        key=key,
+        catalog=catalog,
+        make=make,
+        per_run=scripted,
+        needs_sdk=not scripted,
+        idle_seconds=settings.host_idle_seconds,
+    )

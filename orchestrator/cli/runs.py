@@ -266,8 +266,30 @@ def worker(
     raise typer.Exit(EXIT_CODES.get(done.status, 1) if done.status.ended else 0)
 
 
+def host(
+    key: Annotated[str, typer.Option("--key")],
+    lock_fd: Annotated[int | None, typer.Option("--lock-fd")] = None,
+    run: Annotated[str | None, typer.Option("--run")] = None,
+    launcher: Annotated[int, typer.Option("--launcher")] = 0,
+    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+) -> None:
+    """(internal) The worker host of a state dir: runs many detached runs in one process."""
+    from ..hostlink import store_setting
+    from ..paths import project_root
+    from ..store import open_store
+    from ..workerhost import serve
+    from .engine import host_engine, not_dumpable
+
+    not_dumpable()
+    root = project_root(workdir or Path.cwd())
+    store = open_store(root, store_setting(root))  # the launcher's (its key says which)
+    first = (run, launcher) if run else None
+    raise typer.Exit(serve(root, key, store, host_engine, lock_fd=lock_fd, first=first))
+
+
 def register(app: typer.Typer) -> None:
     app.command()(handles_errors(ps))
     app.command()(handles_errors(watch))
     app.command()(handles_errors(cancel))
     app.command("_worker", hidden=True)(handles_errors(worker))
+    app.command("_host", hidden=True)(handles_errors(host))
