@@ -22,6 +22,7 @@ RESULT_KEYS = {
     "agent",
     "isolation",
     "resumed_from",
+    "node",  # where the run executed (docs/SCALING.md)
     "status",
     "summary",
     "error",
