@@ -124,7 +124,7 @@ class RayExecutor:
         runner = self.runner
         sqlite = None
         if shared_store(runner) is None and isinstance(runner.store, SqliteStore):
-            sqlite = str(runner.store.path)  # only nodes of this machine share the file
+            sqlite = runner.store.describe()  # its file: only nodes of this machine share it
         return NodeTask(
             run_id=record.run_id,
             start=start,
