@@ -182,8 +182,8 @@ class WorkerHost:
                 return "the run belongs to another state dir"
             launch = record.options.get("launch") or {}
             slot = self._slot(self.prepare(self.store, workdir, dict(launch)))
-        except (OrchError, OSError, KeyError, TypeError, ValueError) as e:
-            return f"cannot build its engine: {e}"
+        except Exception as e:  # a run's engine failing to build is that run's, not the host's
+            return f"cannot build its engine: {type(e).__name__}: {e}"
         handle = slot.runner.start(run_id)  # the job runs from our next await on
         if handle.job is None:
             self._release(slot)

@@ -161,6 +161,9 @@ class RayExecutor:
                 self._remote = await asyncio.to_thread(self._connect_sync)
 
     def _connect_sync(self) -> Any:
+        # Ray's `uv run` hook walks this process's parents at init, and fails when one exits
+        # meanwhile (a worker host outlives its launcher); orch's nodes never need it.
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         import ray
 
         if not ray.is_initialized():
@@ -171,8 +174,9 @@ class RayExecutor:
                     address=where, namespace="orch", log_to_driver=False,
                     logging_level=logging.ERROR,
                 )  # fmt: skip
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                raise UsageError(NO_CLUSTER.format(where=where, why=first_line(str(e)))) from e
+            except Exception as e:  # whatever Ray raises: one line, never a crash of ours
+                why = first_line(str(e)) or type(e).__name__
+                raise UsageError(NO_CLUSTER.format(where=where, why=why)) from e
         env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
         if (url := shared_store(self.runner)) is not None:
             env["ORCH_STORE"] = url
