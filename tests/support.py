@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,21 @@ def write_script(where: Path, data: dict[str, Any], name: str = "script.yaml") -
     path = where.parent / name
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def wait_for(
+    pred: Callable[[], Any], timeout: float = 30, what: str = "", interval: float = 0.1
+) -> Any:
+    """Poll ``pred`` until it returns something truthy, and return that; fail at ``timeout``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out waiting for {what}" if what else "condition not reached in time"
+    )
 
 
 def gone(pid: int, timeout: float = 5.0) -> bool:

@@ -22,6 +22,7 @@ from tests.support import (
     orch,
     task_call,
     tool_results,
+    wait_for,
     write_script,
 )
 
@@ -226,13 +227,6 @@ def test_busy_background_runs_are_not_stalled(project: Path) -> None:
 
 
 # -- across processes ---------------------------------------------------------------
-def _wait_for(pred: Any, timeout: float = 20) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def test_detached_run_progress_is_visible_from_another_process(project: Path) -> None:
@@ -329,7 +323,7 @@ def test_cancel_from_another_terminal_leaves_no_process(project: Path) -> None:
     r = orch("task", "x", "--background", "--json", "--model", f"scripted:{script}", cwd=project)
     run_id = json.loads(r.stdout)["run_id"]
     pids = [project / "root.pid", project / "child.pid"]
-    _wait_for(lambda: all(p.exists() and p.read_text().strip() for p in pids))
+    wait_for(lambda: all(p.exists() and p.read_text().strip() for p in pids))
     c = orch("cancel", run_id, "--json", cwd=project)
     assert c.returncode == 0, c.stderr
     assert {x["status"] for x in json.loads(c.stdout)} == {"cancelled"}
@@ -338,7 +332,7 @@ def test_cancel_from_another_terminal_leaves_no_process(project: Path) -> None:
     assert len(runs) == 2 and {x.status for x in runs} == {RunStatus.CANCELLED}
     worker_pid = runs[0].pid
     assert worker_pid is not None
-    _wait_for(lambda: not alive(worker_pid), 10)
+    wait_for(lambda: not alive(worker_pid), 10)
 
 
 def test_sigkill_of_worker_shows_interrupted_and_reaps(project: Path) -> None:
@@ -366,11 +360,11 @@ def test_sigkill_of_worker_shows_interrupted_and_reaps(project: Path) -> None:
     r = orch("task", "x", "--background", "--json", "--model", f"scripted:{script}", cwd=project)
     run_id = json.loads(r.stdout)["run_id"]
     pidfile = project / "w.pid"
-    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
     worker = open_store(project).require_run(run_id).pid
     assert worker is not None
     os.kill(worker, signal.SIGKILL)
-    _wait_for(lambda: not alive(worker), 10)
+    wait_for(lambda: not alive(worker), 10)
     rows = json.loads(orch("ps", "--json", cwd=project).stdout)
     row = next(x for x in rows if x["run_id"] == run_id)
     assert row["status"] == "interrupted"

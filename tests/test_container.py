@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from orchestrator.workspaces.container import (
     remove_container,
 )
 from orchestrator.workspaces.pool import ContainerPool, create_container, owner_labels
-from tests.support import harness, init_repo
+from tests.support import harness, init_repo, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("hermetic_git")]
 
@@ -117,15 +117,6 @@ def leftovers(repo: Path) -> list[str]:
 def inside(container_id: str, command: str) -> str:
     return subprocess.run(["docker", "exec", container_id, "sh", "-c", command],
                           capture_output=True, text=True).stdout  # fmt: skip
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 class RecordingSink:

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from orchestrator.store import open_store
-from tests.support import alive, init_repo
-from tests.test_container import engine, labelled, leftovers, sandbox_image, sh, wait_for
+from tests.support import alive, init_repo, wait_for
+from tests.test_container import engine, labelled, leftovers, sandbox_image, sh
 from tests.test_container_boundary import _plant
 
 __all__ = ["engine", "sandbox_image"]  # module fixtures shared with test_container

@@ -14,9 +14,8 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import pytest
 from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 from tests.pgserver import PASSWORD, PASSWORD_ROLE, PgServer
 from tests.raycluster import LOOPBACK_ENV
-from tests.support import init_repo, orch, write_script
+from tests.support import init_repo, orch, wait_for, write_script
 
 pytestmark = pytest.mark.ray
 HERE = Path(__file__).parent
@@ -102,16 +101,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
         for pipe in (proc.stdin, proc.stdout):
             if pipe is not None:
                 pipe.close()
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 def runs(repo: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -213,6 +202,12 @@ def sleeper(seconds: int, *, write: str = "") -> dict[str, Any]:
     }  # fmt: skip
 
 
+def ended(repo: Path, env: dict[str, str], run_id: str) -> dict[str, Any] | None:
+    """The run's ps row once it has ended, else None."""
+    row = next(r for r in runs(repo, env) if r["run_id"] == run_id)
+    return row if row["status"] not in ("queued", "running") else None
+
+
 def started_remotely(repo: Path, env: dict[str, str], run_id: str) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         row = next(r for r in runs(repo, env) if r["run_id"] == run_id)
@@ -239,11 +234,7 @@ def test_cancel_from_another_process_reaches_a_run_on_a_node(
     cancelled = orch("cancel", run_id, cwd=repo, env=cluster.env)
     assert cancelled.returncode == 0, cancelled.stderr
 
-    def ended() -> dict[str, Any] | None:
-        row = next(r for r in runs(repo, cluster.env) if r["run_id"] == run_id)
-        return row if row["status"] not in ("queued", "running") else None
-
-    row = wait_for(ended, 60, "the run to end")
+    row = wait_for(lambda: ended(repo, cluster.env, run_id), 60, "the run to end")
     assert row["status"] == "cancelled"
     wait_for(lambda: f"sleep {seconds}" not in _all_commands(), 30, "the command to be killed")
 
@@ -274,11 +265,7 @@ def test_a_node_that_dies_leaves_its_run_interrupted_and_the_store_whole(
     wait_for(lambda: f"sleep {seconds}" in _all_commands(), 60, "the command to run")
     assert cluster.ask("kill " + node) == "killed"
 
-    def ended() -> dict[str, Any] | None:
-        row = next(r for r in runs(repo, cluster.env) if r["run_id"] == run_id)
-        return row if row["status"] not in ("queued", "running") else None
-
-    row = wait_for(ended, 90, "the run to end")
+    row = wait_for(lambda: ended(repo, cluster.env, run_id), 90, "the run to end")
     assert row["status"] == "interrupted"
     result = json.loads(orch("result", run_id, "--json", cwd=repo).stdout)
     assert "was lost" in result["error"] and node[:8] in result["error"]

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +15,9 @@ import pytest
 from orchestrator.run import RunStatus
 from orchestrator.store.postgres import PostgresStore
 from tests.pgserver import PASSWORD, PASSWORD_ROLE, PgServer
-from tests.support import alive, none_left, orch, task_call, write_script
+from tests.support import alive, none_left, orch, task_call, wait_for, write_script
 
 pytestmark = pytest.mark.postgres
-
-
-def _wait_for(pred: Callable[[], Any], timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def _runs(url: str) -> list[Any]:
@@ -100,7 +89,7 @@ def test_background_and_cancel_from_another_process(project: Path, pg_url: str) 
     assert r.returncode == 0, r.stderr
     run_id = json.loads(r.stdout)["run_id"]
     pidfile = project / "w.pid"
-    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
     row = next(
         x
         for x in json.loads(orch("ps", "--json", cwd=project, env=env).stdout)
@@ -114,7 +103,7 @@ def test_background_and_cancel_from_another_process(project: Path, pg_url: str) 
     (rec,) = _runs(pg_url)
     assert rec.status == RunStatus.CANCELLED and rec.pid is not None
     worker = rec.pid
-    _wait_for(lambda: not alive(worker))
+    wait_for(lambda: not alive(worker))
 
 
 def test_a_killed_worker_is_reconciled_to_interrupted(project: Path, pg_url: str) -> None:
@@ -129,12 +118,12 @@ def test_a_killed_worker_is_reconciled_to_interrupted(project: Path, pg_url: str
     )
     run_id = json.loads(r.stdout)["run_id"]
     pidfile = project / "w.pid"
-    _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
     (rec,) = _runs(pg_url)
     worker = rec.pid
     assert worker is not None
     os.kill(worker, signal.SIGKILL)
-    _wait_for(lambda: not alive(worker))
+    wait_for(lambda: not alive(worker))
     rows = json.loads(orch("ps", "--json", cwd=project, env=env).stdout)
     row = next(x for x in rows if x["run_id"] == run_id)
     assert row["status"] == "interrupted" and "PARTIAL-PG" in row["summary"]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,19 +17,10 @@ from orchestrator.hostlink import ask
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.store import SqliteStore, open_store
 from tests.fakeapi import FakeAPI, serve, text_reply
-from tests.support import alive, gone, host_pids, init_repo, none_left, orch, write_script
+from tests.support import alive, gone, host_pids, init_repo, none_left, orch, wait_for, write_script
 
 SLOW = {"conversations": [{"runs": "*", "turns": [{"text": "SLOW-DONE", "latency_s": 60}]}]}
 QUICK = {"conversations": [{"runs": "*", "turns": [{"text": "QUICK-DONE"}]}]}
-
-
-def _wait_for(pred: Any, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _launch(project: Path, script: Path, *extra: str, idle: str = "0", **env: str) -> str:
@@ -119,7 +109,7 @@ def test_projects_sharing_orch_home_keep_their_own_settings(tmp_path: Path) -> N
 def test_sigkill_of_the_host_interrupts_all_its_runs(project: Path) -> None:
     script = write_script(project, SLOW)
     ids = [_launch(project, script) for _ in range(3)]
-    _wait_for(lambda: _running(project, ids))
+    wait_for(lambda: _running(project, ids))
     owners = {_record(project, rid).pid for rid in ids}
     assert len(owners) == 1
     (host,) = owners
@@ -136,7 +126,7 @@ def test_sigkill_of_the_host_interrupts_all_its_runs(project: Path) -> None:
 def test_cancel_of_one_run_leaves_the_others_running(project: Path) -> None:
     script = write_script(project, SLOW)
     ids = [_launch(project, script) for _ in range(3)]
-    _wait_for(lambda: _running(project, ids))
+    wait_for(lambda: _running(project, ids))
     c = orch("cancel", ids[1], "--json", cwd=project)
     assert c.returncode == 0, c.stderr
     assert [x["status"] for x in json.loads(c.stdout)] == ["cancelled"]
@@ -177,7 +167,7 @@ def test_sigterm_cancels_runs_the_normal_way_and_keeps_worktree_work(
         },
     )
     ids = [_launch(repo, script, "--isolation", "worktree") for _ in range(2)]
-    _wait_for(lambda: all(_record(repo, r).usage.tool_uses >= 1 for r in ids))
+    wait_for(lambda: all(_record(repo, r).usage.tool_uses >= 1 for r in ids))
     host = _record(repo, ids[0]).pid
     assert host is not None and {_record(repo, r).pid for r in ids} == {host}
     os.kill(host, signal.SIGTERM)
@@ -224,7 +214,7 @@ def test_racing_launchers_start_one_host(project: Path) -> None:
         )  # fmt: skip
         for i in range(4)
     ]
-    _wait_for(lambda: len(list(go.parent.glob("ready-*"))) == 4, 60)
+    wait_for(lambda: len(list(go.parent.glob("ready-*"))) == 4, 60)
     go.write_text("go")  # every launcher has imported what it needs: they start at once
     ids = []
     for p in procs:
@@ -244,7 +234,7 @@ def test_racing_launchers_start_one_host(project: Path) -> None:
 def test_a_stale_socket_of_a_dead_host_is_replaced(project: Path) -> None:
     script = write_script(project, SLOW)
     first = _launch(project, script)
-    _wait_for(lambda: _running(project, [first]))
+    wait_for(lambda: _running(project, [first]))
     old = _record(project, first).pid
     assert old is not None
     sock = _socket(project / ".orch")
@@ -264,7 +254,7 @@ def test_a_stale_socket_of_a_dead_host_is_replaced(project: Path) -> None:
 def _slow_host(project: Path) -> tuple[str, int, Path]:
     script = write_script(project, SLOW)
     rid = _launch(project, script)
-    _wait_for(lambda: _running(project, [rid]))
+    wait_for(lambda: _running(project, [rid]))
     host = _record(project, rid).pid
     assert host is not None
     return rid, host, _socket(project / ".orch")
@@ -392,7 +382,7 @@ def test_launchers_with_other_environments_get_hosts_of_their_own(project: Path)
     a = _launch(project, script, ORCH_TEST_FLAVOUR="one")
     b = _launch(project, script, ORCH_TEST_FLAVOUR="two")
     c = _launch(project, script, ORCH_TEST_FLAVOUR="one")
-    _wait_for(lambda: _running(project, [a, b, c]))
+    wait_for(lambda: _running(project, [a, b, c]))
     pa, pb, pc = (_record(project, r).pid for r in (a, b, c))
     assert pa == pc and pa != pb  # a run never sees another launcher's environment
     assert len(list((project / ".orch").glob("host-*.sock"))) == 2
