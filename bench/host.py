@@ -27,23 +27,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from store import _row  # noqa: E402  (bench/store.py: one row of the table)
+
 from orchestrator.run import RunStatus  # noqa: E402
 from orchestrator.store import SqliteStore  # noqa: E402
 from tests.fakeapi import FakeAPI, serve, text_reply  # noqa: E402
 
 RUNS = 100
 MIB = 1024 * 1024
-
-
-def _row(measure: str, orch: float, raw: float, goal: str, met: bool) -> dict[str, Any]:
-    return {
-        "measure": measure,
-        "orch_ms": orch,
-        "raw_ms": raw,
-        "ratio": orch / raw if raw else None,
-        "goal": goal,
-        "met": met,
-    }
 
 
 def _env(**extra: str) -> dict[str, str]:
