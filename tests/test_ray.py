@@ -439,12 +439,12 @@ def test_a_nodes_result_may_only_name_orch_branches_it_holds(tmp_path: Path) -> 
     ):
         bad = NodeResult(node="n", status="succeeded", heads=heads, bundle=data)
         with pytest.raises(OrchError, match="bad ref"):
-            asyncio.run(executor._take(main, rec, bad))
+            asyncio.run(executor._take(main, rec, bad, None))
         assert git_out(repo, "rev-parse", "main") == base
     good = NodeResult(
         node="n", status="succeeded", heads={"refs/heads/orch/general/abc": tip}, bundle=data
     )
-    asyncio.run(executor._take(main, rec, good))
+    asyncio.run(executor._take(main, rec, good, None))
     assert git_out(repo, "rev-parse", "orch/general/abc") == tip
     assert git_out(repo, "rev-parse", "main") == base
 

@@ -11,7 +11,8 @@ local machinery unchanged.
 
 What comes back is data: a bundle of the ``orch/*`` branches the run made, unbundled into
 the spawner's repository with hardened git and moved onto their branches by
-compare-and-swap (a branch moved meanwhile keeps both: ``<branch>-head``).
+compare-and-swap of the container tier (``boxout.land``: a branch moved meanwhile keeps
+both, ``<branch>-head``).
 
 Cancel: a cancelled wait asks the store to cancel the run (the node's supervisor ends it
 the normal way, work committed) and gives it ``ray.cancel_grace_s`` before
@@ -39,10 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OrchError, UsageError
 from ..git import RepoPaths, first_line, git
-from ..repo import is_ancestor, locate, rev
+from ..repo import locate, rev
 from ..run import RunRecord, RunStatus, now
 from ..spec import RunSpec
 from ..store import SqliteStore, store_url
+from ..workspaces.boxout import land
 from ..workspaces.transfer import Staging, base_bundle, bundle_ref
 from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
@@ -110,13 +112,13 @@ class RayExecutor:
         except asyncio.CancelledError:
             got = await self._stop(record, ref, waited)
             if got is not None:
-                await self._take(main, record, got)
+                await self._take(main, record, got, branch)
                 self._end(record, got)
             raise
         except Exception as e:
             return self._failed(record, e)
         result = NodeResult.model_validate(raw)
-        await self._take(main, record, result)
+        await self._take(main, record, result, branch)
         return self._end(record, result)
 
     # -- internals -------------------------------------------------------------------
@@ -241,8 +243,12 @@ class RayExecutor:
                 store.add_event(run.run_id, "run_finished", {"status": status.value, "error": text})
         return store.require_run(record.run_id)
 
-    async def _take(self, main: RepoPaths, record: RunRecord, result: NodeResult) -> None:
-        """Bring the node's branches home (hardened unbundle, compare-and-swap refs)."""
+    async def _take(
+        self, main: RepoPaths, record: RunRecord, result: NodeResult, branch: str | None
+    ) -> None:
+        """Bring the node's branches home: names checked first, then a hardened unbundle and
+        the container tier's compare-and-swap (``boxout.land``; ``branch``: the one the run
+        continues, moved only forward)."""
         scripted = getattr(self.runner.models, "scripted", None)
         if result.scripted is not None and scripted is not None:
             scripted.absorb(result.scripted)
@@ -250,6 +256,9 @@ class RayExecutor:
             raise OrchError(result.error)
         if not result.bundle or not result.heads:
             return
+        for ref, sha in result.heads.items():
+            if not _SAFE_REF.match(ref) or ".." in ref or not _SHA.match(sha):
+                raise OrchError(f"the work from {result.node} names a bad ref: {ref[:120]!r}")
         staging = await asyncio.to_thread(Staging)
         try:
             path = staging.path("out.bundle")
@@ -262,18 +271,14 @@ class RayExecutor:
                 f"the work from {result.node} is not a valid bundle: {first_line(got.err)}"
             )
         held = {ref: sha for sha, _, ref in (ln.partition(" ") for ln in got.out.splitlines())}
+        if bad := [ref for ref, sha in result.heads.items() if held.get(ref) != sha]:
+            raise OrchError(f"the work from {result.node} names a bad ref: {bad[0][:120]!r}")
         renamed: dict[str, str] = {}
         for ref, sha in result.heads.items():
-            if (
-                not _SAFE_REF.match(ref)
-                or ".." in ref
-                or not _SHA.match(sha)
-                or held.get(ref) != sha
-            ):
-                raise OrchError(f"the work from {result.node} names a bad ref: {ref[:120]!r}")
-            kept = await _move(main, ref, sha)
-            if kept != ref:
-                renamed[ref.removeprefix("refs/heads/")] = kept.removeprefix("refs/heads/")
+            name = ref.removeprefix("refs/heads/")
+            kept = await land(main, name, sha, continued=name == branch)
+            if kept != name:
+                renamed[name] = kept
         if renamed:
             done = self.runner.store.require_run(record.run_id)
             arts = [
@@ -292,21 +297,3 @@ def _probe(where: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as e:
         raise UsageError(NO_CLUSTER.format(where=where, why=e.strerror or str(e))) from e
-
-
-async def _move(main: RepoPaths, ref: str, tip: str) -> str:
-    """Point ``ref`` at ``tip``: made if absent, moved only forward; else ``<ref>-head``."""
-    current = await rev(ref, main)
-    if current == tip:
-        return ref
-    if current is None:
-        made = await git("update-ref", ref, tip, "0" * 40, repo=main, check=False)
-        if made.code == 0:
-            return ref
-    elif await is_ancestor(main, current, tip):
-        moved = await git("update-ref", ref, tip, current, repo=main, check=False)
-        if moved.code == 0:
-            return ref
-    other = f"{ref}-head"
-    await git("update-ref", other, tip, repo=main)
-    return other
