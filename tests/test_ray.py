@@ -217,20 +217,29 @@ def started_remotely(repo: Path, env: dict[str, str], run_id: str) -> dict[str, 
     return found
 
 
-def test_cancel_from_another_process_reaches_a_run_on_a_node(
-    cluster: RayCluster, tmp_path: Path
-) -> None:
+def sleeping_on_a_node(
+    cluster: RayCluster, tmp_path: Path, write: str = ""
+) -> tuple[Path, str, int, dict[str, Any]]:
+    """A background worktree run on a node whose command sleeps (a unique duration, to find
+    it in ``ps``): its repository, id, seconds and ps row once the sleep runs."""
     repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
     seconds = 170 + uuid.uuid4().int % 20
-    script = write_script(repo, sleeper(seconds))
+    script = write_script(repo, sleeper(seconds, write=write))
     got = orch(
         "task", "--executor", "ray", "--isolation", "worktree", "--background", "--json",
         "--model", f"scripted:{script}", "sleep", cwd=repo, env=cluster.env,
     )  # fmt: skip
     assert got.returncode == 0, got.stderr
     run_id = json.loads(got.stdout)["run_id"]
-    started_remotely(repo, cluster.env, run_id)
+    row = started_remotely(repo, cluster.env, run_id)
     wait_for(lambda: f"sleep {seconds}" in _all_commands(), 60, "the command to run")
+    return repo, run_id, seconds, row
+
+
+def test_cancel_from_another_process_reaches_a_run_on_a_node(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    repo, run_id, seconds, _ = sleeping_on_a_node(cluster, tmp_path)
     cancelled = orch("cancel", run_id, cwd=repo, env=cluster.env)
     assert cancelled.returncode == 0, cancelled.stderr
 
@@ -251,18 +260,8 @@ def test_a_node_that_dies_leaves_its_run_interrupted_and_the_store_whole(
     home = Path(os.environ["HOME"])
     (home / ".orch").mkdir(exist_ok=True)
     (home / ".orch" / "config.toml").write_text("[ray]\nslots = 5\n")
-    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
-    seconds = 170 + uuid.uuid4().int % 20
-    script = write_script(repo, sleeper(seconds, write="halfway"))
-    got = orch(
-        "task", "--executor", "ray", "--isolation", "worktree", "--background", "--json",
-        "--model", f"scripted:{script}", "sleep", cwd=repo, env=cluster.env,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr
-    run_id = json.loads(got.stdout)["run_id"]
-    row = started_remotely(repo, cluster.env, run_id)
+    repo, run_id, seconds, row = sleeping_on_a_node(cluster, tmp_path, write="halfway")
     assert row["node"].endswith(node[:8])
-    wait_for(lambda: f"sleep {seconds}" in _all_commands(), 60, "the command to run")
     assert cluster.ask("kill " + node) == "killed"
 
     row = wait_for(lambda: ended(repo, cluster.env, run_id), 90, "the run to end")
