@@ -266,11 +266,12 @@ def test_close_time_operations_run_nothing(evil: tuple[Path, Plants], tmp_path: 
         assert {e[3:] for e in status.out.split("\0") if e} >= {"a.txt", "new.txt", "nested/"}
         assert await commit_all(tree, "t", "work")  # the tier's: status, add -A, diff, commit
         names = raw(repo, "diff-tree", "-r", "--name-only", "--no-commit-id", "orch/t/1")
-        # empty/ (no commit) fails `add -A`: the nested repositories are left out, the rest kept
-        assert sorted(names.split()) == [".gitmodules", "a.txt", "new.txt"]
-        assert (await diff_stats(tree, "HEAD~1", "HEAD"))[0] == 3
+        # empty/ (no commit) fails `add -A`: it is left out; nested/ (a commit) is a gitlink
+        assert sorted(names.split()) == [".gitmodules", "a.txt", "nested", "new.txt"]
+        assert "160000 commit" in raw(repo, "ls-tree", "orch/t/1", "nested")
+        assert (await diff_stats(tree, "HEAD~1", "HEAD"))[0] == 4
         with pytest.raises(GitError, match="cannot run"):  # diff.external: fails closed
-            await git("diff", "HEAD~1", "HEAD", repo=tree)
+            await git("diff", "HEAD~1", "HEAD", "--", "a.txt", repo=tree)
         tip = (await git("rev-parse", "orch/t/1", repo=main)).out.strip()
         assert raw(repo, "cat-file", "blob", f"{tip}:a.txt") == "one\ntwo\nthree\nfour"
         assert raw(attacker, "rev-list", "--all") == ""  # the attacker's gitdir untouched

@@ -253,7 +253,11 @@ def test_eight_parallel_workspaces_on_one_repo(repo: Path) -> None:
         return ws
 
     async def body() -> list[WorktreeWorkspace]:
-        return await asyncio.gather(*(one(i) for i in range(8)))
+        # a TaskGroup, not gather: a failing one cancels and awaits the others, so asyncio.run
+        # never cancels a subprocess mid-creation at teardown (CPython gh-103847 hangs there)
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(i)) for i in range(8)]
+        return [t.result() for t in tasks]
 
     spaces = asyncio.run(body())
     branches = [ws.artifacts()[0]["branch"] for ws in spaces]

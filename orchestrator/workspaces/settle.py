@@ -95,11 +95,18 @@ async def commit_all(tree: RepoPaths, agent: str, message: str) -> bool:
                        "--ignore-submodules=dirty", repo=tree)  # fmt: skip
     if not status.out:
         return False
-    added = await git("add", "-A", repo=tree, retry=True, check=False)
-    if added.code != 0:  # e.g. a nested repository without a commit: commit the rest
+    # add fails on a file that vanishes mid-walk (try again) or on a nested repository
+    # without a commit: then add the rest, and each nested repository with a commit alone
+    for _ in range(2):
+        added = await git("add", "-A", repo=tree, retry=True, check=False)
+        if added.code == 0:
+            break
+    if added.code != 0:
         nested = [e[3:] for e in status.out.split("\0") if e.startswith("?? ") and e.endswith("/")]
         skip = [f":(exclude,literal){path}" for path in nested]
         await git("add", "-A", "--", ".", *skip, repo=tree, retry=True)
+        for path in nested:
+            await git("add", "--", f":(literal){path.rstrip('/')}", repo=tree, check=False)
     staged = await git("diff", "--cached", "--quiet", "--no-ext-diff", "--no-textconv",
                        "--ignore-submodules=dirty", repo=tree, check=False)  # fmt: skip
     if staged.code == 0:

@@ -69,12 +69,16 @@ while read -r key _; do
         -c "filter.$name.required=false")
 done < <(git config --get-regexp '^filter\..*\.(clean|smudge|process|required)$' 2>/dev/null)
 g() { git "${off[@]}" "$@"; }
-if ! g add -A 2>/dev/null; then
+# add fails on a file that vanishes mid-walk (try again) or on a nested repository without a
+# commit: then add the rest, and each nested repository that has a commit on its own
+if ! g add -A 2>/dev/null && ! g add -A 2>/dev/null; then
   set --
+  nested=()
   while IFS= read -r -d '' e; do
-    case "$e" in '?? '*/) set -- "$@" ":(exclude,literal)${e#?? }" ;; esac
+    case "$e" in '?? '*/) set -- "$@" ":(exclude,literal)${e#?? }"; nested+=("${e#?? }") ;; esac
   done < <(g status --porcelain -z --untracked-files=all --ignore-submodules=dirty)
   g add -A -- . "$@" >/dev/null 2>&1
+  for p in "${nested[@]}"; do g add -- ":(literal)${p%/}" >/dev/null 2>&1; done
 fi
 g commit --no-verify -q --cleanup=whitespace -F - >/dev/null 2>&1  # nothing staged: no commit
 n=$(g rev-list --count "$START..HEAD" 2>/dev/null) || n=x
