@@ -136,7 +136,7 @@ def collect(runs: int) -> tuple[list[dict[str, Any]], str]:
         "--orch",
         str(orch_binary()),
     ]
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 60 * runs)
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 90 * runs)
     results = [json.loads(line) for line in got.stdout.splitlines() if line.startswith("{")]
     if got.returncode != 0:
         raise RuntimeError(f"peer runs failed: {got.stderr.strip()[-600:]}")
@@ -162,13 +162,13 @@ def _row(
 
 
 def rows(results: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
-    by = {t: [r for r in results if r["tool"] == t] for t in ("orch", "claude")}
-    n = min(len(v) for v in by.values())
+    by = {t: [r for r in results if r["tool"] == t] for t in ("orch", "claude", "orch-cold")}
+    n = min(len(by["orch"]), len(by["claude"]))
     if n == 0:
         raise RuntimeError("peer: no completed runs")
 
-    def pair(key: str) -> tuple[list[float], list[float]]:
-        return [float(r[key]) for r in by["orch"]], [float(r[key]) for r in by["claude"]]
+    def pair(key: str, tool: str = "orch") -> tuple[list[float], list[float]]:
+        return [float(r[key]) for r in by[tool]], [float(r[key]) for r in by["claude"]]
 
     out = []
     for key, measure, goal in [
@@ -185,12 +185,22 @@ def rows(results: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
         ("child_tools", "child's 1st request: number of tools", "report"),
         ("cpu_ms", "CPU time, user + sys, process and the children it waited for", "report"),
         ("pss_tree_peak_mib", "peak memory, whole process tree (sum of PSS), MiB", "report"),
-        ("rss_max_single_mib", "peak RSS of the largest single process (wait4), MiB", "report"),
+        ("rss_max_single_mib", "peak RSS of the largest single process, MiB", "report"),
     ]:
         o, c = pair(key)
         mo, mc = statistics.median(o), statistics.median(c)
         met = mo <= 60 if goal == "≤ 60 ms" else mo <= mc if goal == "≤ 1.0×" else None
         out.append(_row(measure, o, c, goal, met, version))
+    if by["orch-cold"]:  # the same, every command in its own process (ORCH_WARM_IDLE=0)
+        for key, measure in [
+            ("wall_ms", "no warm process: whole run, wall"),
+            ("start_to_first_request_ms", "no warm process: start → first request"),
+            ("last_response_to_exit_ms", "no warm process: last response → exit"),
+            ("cpu_ms", "no warm process: CPU time"),
+            ("pss_tree_peak_mib", "no warm process: peak memory (sum of PSS), MiB"),
+        ]:
+            o, c = pair(key, "orch-cold")
+            out.append(_row(measure, o, c, "report", None, version))
     extra = {
         t: {
             "side_requests": sorted({r["side_requests"] for r in rs}),
@@ -199,9 +209,14 @@ def rows(results: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
             "rss_tree_peak_mib_median": round(
                 statistics.median(r["rss_tree_peak_mib"] for r in rs), 1
             ),
+            "warm_runs": sum(1 for r in rs if r.get("warm")),
         }
         for t, rs in by.items()
+        if rs
     }
+    first = [r for r in by["orch"] if not r.get("warm")]
+    if first:  # the run that found no warm process and started one
+        extra["orch"]["cold_first_run_wall_ms"] = round(first[0]["wall_ms"], 1)
     out[0]["detail"] = extra | {"load_average_1m_before_after": [round(x, 1) for x in LOAD]}
     return out
 

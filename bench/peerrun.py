@@ -3,7 +3,12 @@
 Started by ``peer.py`` inside a network namespace that has only a loopback
 interface (``python peerrun.py --inside ...``), so neither tool can reach any
 address but 127.0.0.1. One fake Messages API serves both; every run gets a
-fresh git repository and a fresh HOME. Prints one JSON object per run.
+fresh git repository; each tool keeps one HOME over all its runs, as a user's
+would. orch runs twice over: as installed (``orch``: the first command starts a
+warm process that later ones are forked from; it stays between runs, is counted
+in the memory figures, and its children's CPU time in the CPU figure) and with
+the warm process off (``orch-cold``: ``ORCH_WARM_IDLE=0``, every command in its
+own process). Prints one JSON object per run.
 
 The script, identical for both tools except for tool names and path forms:
 the root's first request gets a delegation (``Agent``/``Task`` for Claude Code,
@@ -159,6 +164,8 @@ def command(
     tool: str, paths: dict[str, str], base_url: str, home: Path
 ) -> tuple[list[str], dict[str, str]]:
     env = {**_base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "fake"}
+    if tool == "orch-cold":
+        env["ORCH_WARM_IDLE"] = "0"
     if tool == "claude":
         env |= {
             "IS_SANDBOX": "1",  # we are root
@@ -202,6 +209,23 @@ def _cmdline(pid: int) -> str:
         return f"{pid} (gone)"
 
 
+def is_warm(pid: int) -> bool:
+    """orch's warm process (it outlives a run by design; see orchestrator/warm.py)."""
+    return "orchestrator.warmserve" in _cmdline(pid)
+
+
+def children_cpu_ms(pids: list[int]) -> float:
+    """CPU time of the reaped children of ``pids`` (``cutime + cstime``), in ms."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[13]) + int(fields[14])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def tree(pid: int) -> list[int]:
     todo, seen = [pid], []
     while todo:
@@ -231,7 +255,7 @@ def rss_poller(parent: int) -> None:
     """
     page = os.sysconf("SC_PAGE_SIZE")
     me = os.getpid()
-    peak_rss = peak_pss = samples = 0
+    peak_rss = peak_pss = peak_single = samples = 0
     os.set_blocking(sys.stdin.fileno(), False)
     print("ready", flush=True)
     while True:
@@ -240,9 +264,11 @@ def rss_poller(parent: int) -> None:
         for p in pids:
             try:
                 with open(f"/proc/{p}/statm") as f:
-                    total += int(f.read().split()[1]) * page
+                    one = int(f.read().split()[1]) * page
             except (OSError, IndexError, ValueError):
-                pass
+                continue
+            total += one
+            peak_single = max(peak_single, one)
         peak_rss = max(peak_rss, total)
         if samples % PSS_EVERY == 0:
             peak_pss = max(peak_pss, sum(_pss_kib(p) for p in pids) * 1024)
@@ -253,7 +279,8 @@ def rss_poller(parent: int) -> None:
         except (BlockingIOError, TypeError):
             pass
         time.sleep(POLL_S)
-    print(json.dumps({"rss": peak_rss, "pss": peak_pss, "samples": samples}), flush=True)
+    result = {"rss": peak_rss, "pss": peak_pss, "single": peak_single, "samples": samples}
+    print(json.dumps(result), flush=True)
 
 
 def reap() -> None:
@@ -267,11 +294,15 @@ def reap() -> None:
             return
 
 
-def run_one(tool: str, fake: FakeServer, script: Script, paths: dict[str, str]) -> dict[str, Any]:
+def run_one(
+    tool: str, fake: FakeServer, script: Script, paths: dict[str, str], home: Path
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"peer-{tool}-") as tmp:
         repo = make_repo(Path(tmp))
         script.repo = repo
-        argv, env = command(tool, paths, fake.base_url, Path(tmp) / "home")
+        argv, env = command(tool, paths, fake.base_url, home)
+        warm_before = [p for p in tree(os.getpid()) if is_warm(p)]
+        cpu_before = children_cpu_ms(warm_before)
         poller = subprocess.Popen(
             [sys.executable, __file__, "--rss", str(os.getpid())],
             stdin=subprocess.PIPE,
@@ -290,8 +321,9 @@ def run_one(tool: str, fake: FakeServer, script: Script, paths: dict[str, str]) 
             t_exit = time.perf_counter()
             proc.returncode = os.waitstatus_to_exitcode(status)
             rss = json.loads(poller.communicate("stop\n", timeout=30)[0])
+            warm_cpu = children_cpu_ms(warm_before) - cpu_before  # the forked command's
             reap()
-            left = [p for p in tree(os.getpid()) if p != os.getpid()]
+            left = [p for p in tree(os.getpid()) if p != os.getpid() and not is_warm(p)]
             leftovers = [_cmdline(p) for p in left]
             for p in left:  # a run must not outlive its measure
                 os.kill(p, signal.SIGKILL)
@@ -309,8 +341,9 @@ def run_one(tool: str, fake: FakeServer, script: Script, paths: dict[str, str]) 
         "pss_tree_peak_mib": rss["pss"] / 2**20,
         "rss_tree_peak_mib": rss["rss"] / 2**20,
         "rss_samples": rss["samples"],
-        "rss_max_single_mib": usage.ru_maxrss / 1024,
-        "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000,
+        "rss_max_single_mib": max(usage.ru_maxrss * 1024, rss["single"]) / 2**20,
+        "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000 + warm_cpu,
+        "warm": bool(warm_before),
         "leftover_processes": leftovers,
     }
 
@@ -353,11 +386,20 @@ def inside(runs: int, paths: dict[str, str], tools: list[str]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans stay in our tree
     script = Script()
-    with serve(script) as fake:
-        for i in range(runs):
-            order = tools if i % 2 == 0 else tools[::-1]
-            for tool in order:
-                print(json.dumps(run_one(tool, fake, script, paths) | {"i": i}), flush=True)
+    homes = Path(tempfile.mkdtemp(prefix="peer-homes-"))
+    try:
+        with serve(script) as fake:
+            for i in range(runs):
+                order = tools if i % 2 == 0 else tools[::-1]
+                for tool in order:
+                    got = run_one(tool, fake, script, paths, homes / tool)
+                    print(json.dumps(got | {"i": i}), flush=True)
+    finally:
+        for p in tree(os.getpid()):
+            if is_warm(p):
+                os.kill(p, signal.SIGTERM)  # nothing outlives the suite
+        time.sleep(0.5)
+        reap()
 
 
 def main() -> None:
@@ -372,6 +414,8 @@ def main() -> None:
         rss_poller(a.rss)
         return
     tools = [t for t in ("claude", "orch") if getattr(a, t)]
+    if a.orch:
+        tools.append("orch-cold")
     inside(a.runs, {"claude": a.claude, "orch": a.orch}, tools)
 
 

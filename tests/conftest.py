@@ -59,8 +59,10 @@ def no_real_model_calls(
         monkeypatch.delenv(var, raising=False)
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
-    # A worker host of detached runs ends with its last run: no process outlives a test.
+    # A worker host of detached runs ends with its last run, and no warm process starts
+    # (test_warm.py starts its own): no process outlives a test.
     monkeypatch.setenv("ORCH_HOST_IDLE", "0")
+    monkeypatch.setenv("ORCH_WARM_IDLE", "0")
     yield
 
 

@@ -30,8 +30,18 @@ from .safe import safe_text, shown
 P = ParamSpec("P")
 R = TypeVar("R")
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+OUT: dict[str, Any] = {"highlight": False}
+ERR: dict[str, Any] = {"stderr": True, "highlight": False, "soft_wrap": True}
+out = Console(**OUT)
+err = Console(**ERR)
+
+
+def reset_consoles() -> None:
+    """Detect the terminal again (colour, width) for the standard streams this process has
+    now: a command forked from the warm process got the caller's (``warmserve.py``)."""
+    out.__init__(**OUT)  # type: ignore[misc]
+    err.__init__(**ERR)  # type: ignore[misc]
+
 
 STATUS_STYLE = {
     RunStatus.QUEUED: "dim",

@@ -1,0 +1,298 @@
+"""The warm process: ``orch`` commands forked from a process that has imported them already.
+
+Importing the CLI, the engine and the Anthropic SDK takes about a second; the work of a
+short command takes a few milliseconds. So the ``orch`` entry point (this module, standard
+library only) first asks a *warm process* to run the command: a process of the same user,
+environment, Python and orch code that has imported everything once and forks one child
+per command. The child takes the caller's working directory and its stdin, stdout and
+stderr (passed as descriptors over a Unix socket, ``SCM_RIGHTS``), then runs the very
+same ``cli.main.main`` on the caller's argv; the caller relays signals to it and leaves
+with its exit status. When no warm process answers, the command runs in its own process
+as before, and starts a warm process for the next one (which exits after
+``ORCH_WARM_IDLE`` seconds without a command, default 60; ``0`` or
+``ORCH_WORKER_HOST=0`` turns it off).
+
+What a command sees is what it would see in its own process: the environment is the
+same by construction (its digest, with the umask, the Python, ``sys.path``, the size
+and mtime of every orch source file and the installed distributions, names the socket:
+any difference means another warm process), the working directory and standard streams
+are the caller's own, and the warm process itself never starts a thread or an event
+loop, so a fork copies no held lock.
+
+Trust: the socket and its lock live in ``~/.orch/warm`` (mode 0700; ``~/.orch`` is
+hidden from host-tier sandboxes). A connection is served only when its peer has our uid
+and our mount, pid, network and user namespaces (``SO_PEERCRED`` and ``/proc``): a
+process inside a sandbox is refused even where it could reach the socket. The message
+carries argv and the shell's volatile variables (``PWD``...), never an environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+IDLE_DEFAULT_S = 60.0
+VOLATILE_ENV = ("PWD", "OLDPWD", "SHLVL", "_")  # differ per shell; passed, never hashed
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+NAMESPACES = ("mnt", "pid", "net", "user")
+MAX_MESSAGE = 256 * 1024
+CODE = Path(__file__).resolve().parent
+_INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
+
+
+def idle_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("ORCH_WARM_IDLE", IDLE_DEFAULT_S)))
+    except ValueError:
+        return IDLE_DEFAULT_S
+
+
+def enabled(argv: list[str]) -> bool:
+    """Linux, not turned off, and a user command (internal ``_...`` ones run as they are)."""
+    if sys.platform != "linux" or os.environ.get("ORCH_WORKER_HOST", "1") == "0":
+        return False
+    return idle_seconds() > 0 and not any(a.startswith("_") for a in argv[:1])
+
+
+def _umask() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return line.split()[1]
+    return "?"
+
+
+def _stamp(path: str, out: list[tuple[str, int, int]], depth: int = 0) -> None:
+    """(path, size, mtime) of every source file under ``path`` (orch's own code)."""
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False) and depth < 4 and e.name != "__pycache__":
+                _stamp(e.path, out, depth + 1)
+            elif e.name.endswith(".py"):
+                st = e.stat()
+                out.append((e.path, st.st_size, st.st_mtime_ns))
+
+
+def key() -> str:
+    """The digest of everything a command inherits from the process that runs it."""
+    env = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV)
+    code: list[tuple[str, int, int]] = []
+    _stamp(str(CODE), code)
+    installed = []  # an install, upgrade or removal changes these names
+    for entry in sys.path:
+        if entry.endswith(("site-packages", "dist-packages")):
+            with contextlib.suppress(OSError):
+                installed += sorted(n for n in os.listdir(entry) if n.endswith(_INSTALLED))
+    blob = json.dumps([env, _umask(), sys.executable, sys.path, code, installed, os.getuid()])
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def warm_dir() -> Path | None:
+    """``~/.orch/warm``, ours and closed to others; None when it cannot be made so."""
+    home = os.environ.get("HOME")
+    if not home:
+        return None
+    path = Path(home) / ".orch" / "warm"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        return None
+    return path if st.st_mode & 0o077 == 0 else None
+
+
+def _address(sock_path: Path) -> tuple[str, int | None]:
+    """A name to bind or connect to (the path, or the path through an open directory
+    descriptor when it is too long for a socket address) and that descriptor."""
+    if len(os.fsencode(sock_path)) < 100:
+        return str(sock_path), None
+    fd = os.open(sock_path.parent, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{sock_path.name}", fd
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", raw)
+    return pid, uid
+
+
+def _namespaces(pid: int | str) -> list[str]:
+    return [os.readlink(f"/proc/{pid}/ns/{ns}") for ns in NAMESPACES]
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        sock.sendall(json.dumps(message).encode() + b"\n")
+
+
+# -- the caller's side --------------------------------------------------------------------
+
+
+class _Lines:
+    """JSON lines read from a socket, one at a time."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def next(self) -> dict[str, Any] | None:
+        while b"\n" not in self.buf:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                return None
+            if not chunk or len(self.buf) > MAX_MESSAGE:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+def _connect(sock_path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    name, fd = _address(sock_path)
+    try:
+        sock.connect(name)
+    except OSError:
+        sock.close()
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if _peer(sock)[1] != os.getuid():
+        sock.close()
+        return None
+    return sock
+
+
+def _start(key_: str, lock_fd: int) -> None:
+    """Start a detached warm process that takes over the lock (its life)."""
+    import subprocess
+
+    serve = [sys.executable, "-m", "orchestrator.warmserve"]
+    argv = [*serve, key_, str(lock_fd), json.dumps(sys.path)]
+    with contextlib.suppress(OSError):
+        subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, cwd="/", start_new_session=True, close_fds=True,
+            pass_fds=(lock_fd,),
+        )  # fmt: skip
+
+
+def _lock(lock_path: Path) -> int | None:
+    import fcntl
+
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _wait_gone(pid: int, owner: int) -> None:
+    """Wait for the command's process when its warm process is gone (it may still write)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # still the child we were told of?
+            if int(f.read().rsplit(")", 1)[1].split()[1]) not in (owner, 1):
+                return
+    except (OSError, ValueError, IndexError):
+        pass
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    sel.select()
+    os.close(fd)
+
+
+def run(argv: list[str]) -> int | None:
+    """Run ``orch argv`` in the warm process and return its exit status; None when no warm
+    process took it (nothing ran: the caller runs it itself)."""
+    if not enabled(argv):
+        return None
+    where = warm_dir()
+    if where is None:
+        return None
+    k = key()
+    sock = _connect(where / f"{k}.sock")
+    if sock is None:
+        fd = _lock(where / f"{k}.lock")
+        if fd is not None:  # none lives: start one for the next command
+            _start(k, fd)
+            os.close(fd)
+        return None
+    with sock:
+        return _relay(sock, argv)
+
+
+def _relay(sock: socket.socket, argv: list[str]) -> int | None:
+    owner = _peer(sock)[0]
+    env = {name: os.environ[name] for name in VOLATILE_ENV if name in os.environ}
+    main_package = getattr(sys.modules.get("__main__"), "__package__", None)
+    message = json.dumps({"argv": argv, "env": env, "argv0": sys.argv[0] if sys.argv else "orch",
+                          "package": main_package}).encode()  # fmt: skip
+    try:
+        cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        socket.send_fds(sock, [message], [cwd, 0, 1, 2])
+    except OSError:
+        return None
+    finally:
+        os.close(cwd)
+    lines = _Lines(sock)
+    started = lines.next()
+    if started is None or not isinstance(started.get("pid"), int):
+        return None  # refused or gone before forking: nothing ran
+
+    def relay(signum: int, _frame: object) -> None:
+        _send(sock, {"signal": signum})
+
+    for s in RELAYED:
+        signal.signal(s, relay)
+    ended = lines.next()
+    if ended is None:  # the warm process died: wait for the command itself to end
+        _wait_gone(started["pid"], owner)
+        lost = "orch: the warm process ended before the command; its exit status is lost"
+        print(f"{lost} (ORCH_WORKER_HOST=0 runs commands in their own process)", file=sys.stderr)
+        return 1
+    sig = ended.get("signal")
+    if isinstance(sig, int):
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # leave as the command did
+        return 128 + sig
+    code = ended.get("exit")
+    return code if isinstance(code, int) else 1
+
+
+def main() -> None:
+    """The ``orch`` entry point: the warm process if one answers, else this process."""
+    code = run(sys.argv[1:])
+    if code is not None:
+        sys.stdout.flush()
+        os._exit(code)
+    from .cli.main import main as cli_main
+
+    cli_main()

@@ -1,0 +1,313 @@
+"""The warm process itself (see ``warm.py``): import everything once, fork per command.
+
+One thread, no event loop: a ``selectors`` loop over the listening socket, the callers of
+live commands and a self-pipe for ``SIGCHLD``. Per command: check the peer, take its argv
+and four descriptors (working directory, stdin, stdout, stderr), fork; the child becomes
+the command (``cli.main.main`` with those), the parent answers ``{"pid": ...}``, relays
+the caller's signals to the child's process group, and answers ``{"exit": n}`` or
+``{"signal": n}`` (with the child's CPU time and peak RSS) when it is reaped. A caller
+that hangs up takes its command with it (``SIGTERM``, as a terminal's end would). The
+process exits ``ORCH_WARM_IDLE`` seconds after its last command, removing its socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+import random
+import selectors
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .warm import (
+    MAX_MESSAGE,
+    RELAYED,
+    VOLATILE_ENV,
+    _address,
+    _namespaces,
+    _peer,
+    _send,
+    idle_seconds,
+    warm_dir,
+)
+
+ACCEPT_TIMEOUT_S = 2.0  # a caller sends its command right after connecting
+
+
+@dataclass(frozen=True)
+class Command:
+    """What a caller asks for: its argv, its shell's volatile variables, and how it was
+    started (``argv[0]`` and ``__main__``'s package: click names the program from them)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    argv0: str
+    package: str | None
+
+
+def _preload() -> None:
+    """What commands import: the CLI, the engine, the tools and the model SDK."""
+    import importlib
+
+    import orchestrator.cli.main  # noqa: F401  (every command and sub-app)
+
+    for name in ("orchestrator.runner", "orchestrator.models.anthropic", "orchestrator.team",
+                 "orchestrator.workspaces.registry", "orchestrator.cli.engine"):  # fmt: skip
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _child(conn: socket.socket, fds: list[int], command: Command) -> None:
+    """Become the command; never returns."""
+    try:
+        for s in (*RELAYED, signal.SIGCHLD):
+            signal.signal(s, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.setpgid(0, 0)
+        conn.close()
+        cwd, *stdio = fds
+        os.fchdir(cwd)
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        os.environ.update(command.env)
+        for name in VOLATILE_ENV:
+            if name not in command.env:
+                os.environ.pop(name, None)
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+        sys.stdout = _writer(1, sys.stdout)
+        sys.stderr = _writer(2, sys.stderr)
+        random.seed()
+        sys.argv = [command.argv0, *command.argv]
+        main_module = types.ModuleType("__main__")  # the caller's, as click names the program
+        main_module.__package__ = command.package
+        sys.modules["__main__"] = main_module
+        from .cli.common import reset_consoles
+        from .cli.main import main
+
+        reset_consoles()
+        main()  # leaves with os._exit
+    except BaseException:  # noqa: BLE001 - a child must never return into the loop
+        with contextlib.suppress(BaseException):
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def _writer(fd: int, like: Any) -> io.TextIOWrapper:
+    """A standard stream on ``fd`` as Python makes one at start-up (line-buffered on a
+    terminal), with the encoding and error handler it gave ``like`` in this environment."""
+    tty = os.isatty(fd)
+    return io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+        encoding=getattr(like, "encoding", None), errors=getattr(like, "errors", None),
+        line_buffering=tty, write_through=fd == 2,
+    )  # fmt: skip
+
+
+class Server:
+    def __init__(self, listener: socket.socket, sock_path: Path, lock_fd: int) -> None:
+        self.listener, self.sock_path, self.lock_fd = listener, sock_path, lock_fd
+        self.sel = selectors.DefaultSelector()
+        self.children: dict[int, socket.socket] = {}  # pid → its caller
+        self.buffers: dict[socket.socket, bytes] = {}
+        self.last = time.monotonic()
+        self.stopped = False
+        self.mine = _namespaces("self")
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.sel.register(listener, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
+
+    def loop(self) -> None:
+        idle = idle_seconds()
+        while True:
+            timeout = None if self.children else max(0.0, self.last + idle - time.monotonic())
+            for handle, _ in self.sel.select(timeout):
+                if handle.data == "accept":
+                    self._accept()
+                elif handle.data == "signal":
+                    if bytes([signal.SIGTERM]) in self._drain():
+                        self._stop()  # take no more commands; finish the running ones
+                    self._reap()
+                else:
+                    self._from_caller(handle.fileobj)  # type: ignore[arg-type]
+            if not self.children and (self.stopped or time.monotonic() >= self.last + idle):
+                return
+
+    def _stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.sel.unregister(self.listener)
+            with contextlib.suppress(FileNotFoundError):
+                self.sock_path.unlink()
+
+    def _drain(self) -> bytes:
+        got = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self.wake_r, 256):
+                got += chunk
+        return got
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        conn.settimeout(ACCEPT_TIMEOUT_S)
+        try:  # (what a refused caller sent is dropped: its descriptors closed, unused)
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 4)
+        except OSError:
+            conn.close()
+            return
+        try:
+            pid, uid = _peer(conn)
+            if uid != os.getuid() or _namespaces(pid) != self.mine:
+                raise ValueError("refused: not a process of this user outside sandboxes")
+            command = self._check(data, fds)
+        except (OSError, ValueError) as e:
+            for fd in fds:
+                os.close(fd)
+            _send(conn, {"error": str(e)})
+            conn.close()
+            return
+        self._fork(conn, fds, command)
+
+    @staticmethod
+    def _check(data: bytes, fds: list[int]) -> Command:
+        if len(fds) != 4 or not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
+            raise ValueError("expected a directory and three standard streams")
+        message = json.loads(data) if data.strip() else None
+        if not isinstance(message, dict):
+            raise ValueError("not a command")
+        argv, env = message.get("argv"), message.get("env", {})
+        argv0, package = message.get("argv0", "orch"), message.get("package")
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv must be a list of strings")
+        if not isinstance(env, dict) or not all(
+            k in VOLATILE_ENV and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError("only the shell's volatile variables may be passed")
+        if not isinstance(argv0, str) or not (package is None or isinstance(package, str)):
+            raise ValueError("argv0 and package must be strings")
+        return Command(argv, env, argv0, package)
+
+    def _fork(self, conn: socket.socket, fds: list[int], command: Command) -> None:
+        pid = os.fork()
+        if pid == 0:  # the command holds nothing of the warm process's
+            signal.set_wakeup_fd(-1)
+            self.listener.close()
+            for other in self.buffers:
+                other.close()
+            for fd in (self.wake_r, self.wake_w, self.lock_fd):
+                os.close(fd)
+            _child(conn, fds, command)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.buffers[conn] = b""
+        self.sel.register(conn, selectors.EVENT_READ, pid)
+        _send(conn, {"pid": pid})
+
+    def _from_caller(self, conn: socket.socket) -> None:
+        pid = self.sel.get_key(conn).data
+        try:
+            chunk = conn.recv(4096)  # readable: does not block
+        except OSError:
+            chunk = b""
+        if not chunk:  # the caller is gone: so is its command
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            self.sel.unregister(conn)
+            return
+        buf = self.buffers[conn] + chunk
+        *lines, self.buffers[conn] = buf.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError, AttributeError):
+                signum = json.loads(line).get("signal")
+                if signum in RELAYED:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signum)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            ended: dict[str, Any] = {
+                "cpu_ms": round((usage.ru_utime + usage.ru_stime) * 1000, 1),
+                "maxrss_kib": usage.ru_maxrss,
+            }
+            if os.WIFSIGNALED(status):
+                ended["signal"] = os.WTERMSIG(status)
+            else:
+                ended["exit"] = os.waitstatus_to_exitcode(status)
+            _send(conn, ended)
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(conn)
+            self.buffers.pop(conn, None)
+            conn.close()
+            self.last = time.monotonic()
+
+
+def serve(key: str, lock_fd: int, path: list[str]) -> None:
+    """Run a warm process for ``key`` holding ``lock_fd`` until it has been idle long enough."""
+    sys.path[:] = path
+    where = warm_dir()
+    if where is None:
+        return
+    os.set_inheritable(lock_fd, False)
+    _preload()
+    if threading.active_count() != 1:  # a fork would copy another thread's held locks
+        return
+    gc.collect()
+    gc.freeze()  # the forked children do not dirty the preloaded objects' pages
+    sock_path = where / f"{key}.sock"
+    with contextlib.suppress(FileNotFoundError):
+        sock_path.unlink()  # left by a dead one: we hold the lock
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    name, dir_fd = _address(sock_path)
+    old = os.umask(0o177)
+    try:
+        listener.bind(name)
+    finally:
+        os.umask(old)
+        if dir_fd is not None:
+            os.close(dir_fd)
+    listener.listen(64)
+    try:
+        Server(listener, sock_path, lock_fd).loop()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()  # new callers start their own; queued ones hear nothing, run alone
+        listener.close()
+        os.close(lock_fd)
+    os._exit(0)  # nothing to tear down: the preloaded modules only cost time
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]))

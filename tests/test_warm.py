@@ -1,0 +1,237 @@
+"""The warm process (``orchestrator/warm.py``, ``warmserve.py``): real processes end to end.
+
+The first command runs in its own process and starts a warm process; later ones with the
+same environment are forked from it, in the caller's directory and with its streams,
+exit status and signals. Processes in other namespaces (a sandbox) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import warm
+from orchestrator.store import open_store
+from tests.support import alive, gone, init_repo, none_left, wait_for
+
+SLEEP = "sleep 47.25"  # a marker: no other process runs exactly this
+
+
+def _script(path: Path, *turns: dict[str, object]) -> Path:
+    path.write_text(json.dumps({"conversations": [{"turns": list(turns)}]}))
+    return path
+
+
+class Warm:
+    def __init__(self, repo: Path, home: Path) -> None:
+        self.repo, self.home = repo, home
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+        self.env = base | {"HOME": str(home), "ORCH_WARM_IDLE": "30"}
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args], cwd=self.repo, env=self.env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        proc = self.popen(*args)
+        out, err = proc.communicate(timeout=60)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def sockets(self) -> list[Path]:
+        where = self.home / ".orch" / "warm"
+        return sorted(where.glob("*.sock")) if where.is_dir() else []
+
+    def pids(self) -> list[int]:
+        found = []
+        for path in self.sockets():
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.connect(str(path))
+                except OSError:
+                    continue
+                raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                found.append(struct.unpack("3i", raw)[0])
+        return found
+
+    def started(self) -> int:
+        """Start a warm process (a first command) and return its pid once it answers."""
+        before = set(self.pids())
+        r = self.run("ps")
+        assert r.returncode == 0, r.stderr
+        [pid] = wait_for(lambda: set(self.pids()) - before, 30, "the warm process")
+        return int(pid)
+
+
+@pytest.fixture
+def w(tmp_path: Path) -> Iterator[Warm]:
+    repo = init_repo(tmp_path / "proj", {"a.txt": "alpha\n"})
+    helper = Warm(repo, tmp_path / "home")
+    helper.home.mkdir()
+    yield helper
+    for pid in helper.pids():
+        os.kill(pid, signal.SIGTERM)
+        assert gone(pid, 10)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_command_runs_in_the_warm_process_as_it_would_alone(w: Warm, tmp_path: Path) -> None:
+    cold = w.run("result", "r-000000000000")  # cold: runs alone, starts the warm process
+    assert cold.returncode != 0 and cold.stderr.count("\n") == 1
+    zygote = w.started()
+    # the same bad input, warm: same one-line error, same exit status, no traceback
+    again = w.run("result", "r-000000000000")
+    assert (again.returncode, again.stdout, again.stderr) == (
+        cold.returncode, cold.stdout, cold.stderr
+    )  # fmt: skip
+    usage = w.run("ps", "--bogus")
+    assert usage.returncode == 2 and "python -m orchestrator ps" in usage.stderr
+    # a run, with a model script named relative to the caller's directory
+    _script(w.repo.parent / "s.yaml",
+            {"tool_calls": [{"tool": "bash", "input": {"command": f"cat a.txt; {SLEEP}"}}]},
+            {"text": "WARM-DONE"})  # fmt: skip
+    proc = w.popen("task", "go", "--model", "scripted:../s.yaml")
+    store = open_store(w.repo)
+    [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
+    assert _parent(run.pid) == zygote  # forked from the warm process
+    assert wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
+    os.kill(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: relayed to the command
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert store.require_run(run.run_id).status.value == "cancelled"
+    assert none_left(SLEEP)
+    # the next one finishes normally, its output on the caller's stdout
+    _script(w.repo.parent / "s.yaml",
+            {"tool_calls": [{"tool": "bash", "input": {"command": "cat a.txt"}}]},
+            {"expect_result": "alpha", "text": "WARM-DONE"})  # fmt: skip
+    done = w.run("task", "go", "--json", "--model", "scripted:../s.yaml")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"] == "WARM-DONE"
+    assert w.pids() == [zygote]  # one warm process served them all
+
+
+def test_a_caller_killed_takes_its_command_with_it(w: Warm) -> None:
+    w.started()
+    _script(w.repo.parent / "s.yaml",
+            {"tool_calls": [{"tool": "bash", "input": {"command": SLEEP}}]},
+            {"text": "never"})  # fmt: skip
+    proc = w.popen("task", "go", "--model", "scripted:../s.yaml")
+    store = open_store(w.repo)
+    [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
+    assert run.pid is not None
+    wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
+    proc.kill()
+    proc.communicate()
+    assert gone(run.pid, 15) and none_left(SLEEP, 15)
+    r = w.run("ps", "--all", "--json")
+    assert [x["status"] for x in json.loads(r.stdout)] == ["interrupted"]
+
+
+def test_a_different_environment_gets_a_warm_process_of_its_own(w: Warm) -> None:
+    first = w.started()
+    w.env["ORCH_SOMETHING"] = "else"
+    second = w.started()
+    assert len(w.sockets()) == 2 and set(w.pids()) == {first, second}
+
+
+def test_it_leaves_when_idle(w: Warm) -> None:
+    w.env["ORCH_WARM_IDLE"] = "1"
+    pid = w.started()
+    assert gone(pid, 15)
+    assert w.sockets() == []
+
+
+def test_none_starts_when_turned_off(w: Warm) -> None:
+    for off in ({"ORCH_WARM_IDLE": "0"}, {"ORCH_WORKER_HOST": "0"}):
+        env = w.env | off
+        r = subprocess.run([sys.executable, "-m", "orchestrator", "ps"], cwd=w.repo, env=env,
+                           capture_output=True, text=True)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    time.sleep(1)
+    assert w.sockets() == []
+
+
+def _attack(sock_path: Path) -> str:
+    """Python that connects to the warm socket and asks it for a command that would leave a
+    file behind: what it got back, or the error."""
+    return f"""
+import json, os, socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect({str(sock_path)!r})
+    cwd = os.open("/", os.O_RDONLY)
+    msg = json.dumps({{"argv": ["task", "x", "--model", "scripted:/nonexistent",
+                                "--json"], "env": {{}}}}).encode()
+    socket.send_fds(s, [msg], [cwd, 0, 1, 2])
+    print("GOT", s.recv(4096).decode().strip() or "nothing")
+except OSError as e:
+    print("ERR", e)
+"""
+
+
+def test_a_process_inside_a_sandbox_is_refused(w: Warm, tmp_path: Path) -> None:
+    w.started()
+    [sock_path] = w.sockets()
+    code = _attack(sock_path)
+    # the warm socket is there to be reached (bound in), but the caller is in other
+    # mount, pid and network namespaces: refused before anything is read
+    bwrap = ["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+             "--unshare-pid", "--unshare-net", "--die-with-parent"]  # fmt: skip
+    if subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0:
+        pytest.skip("bwrap is missing (apt-get install bubblewrap)")
+    r = subprocess.run([*bwrap, sys.executable, "-c", code], capture_output=True, text=True)
+    assert "GOT" in r.stdout and "refused" in r.stdout, (r.stdout, r.stderr)
+    # an agent's bash in the host tier's sandbox does not even see ~/.orch
+    (w.repo / "attack.py").write_text(code)
+    _script(w.repo.parent / "attack.yaml",
+            {"tool_calls": [{"tool": "bash", "input": {"command":
+                "python3 attack.py > attack.out 2>&1"}}]},
+            {"text": "tried"})  # fmt: skip
+    agent = w.run("task", "go", "--json", "--model", "scripted:../attack.yaml")
+    assert agent.returncode == 0, agent.stderr
+    said = (w.repo / "attack.out").read_text()
+    assert "GOT" not in said and "ERR" in said, said
+    assert len(open_store(w.repo).list_runs()) == 1  # the agent's own; none by the attack
+    assert all(alive(pid) for pid in w.pids())
+
+
+def test_the_key_changes_with_what_a_command_inherits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "m.py").write_text("x = 1\n")
+    monkeypatch.setattr(warm, "CODE", code)
+    base = warm.key()
+    monkeypatch.setenv("PWD", "/elsewhere")  # volatile: the same warm process
+    assert warm.key() == base
+    monkeypatch.setenv("ORCH_MODEL", "haiku")
+    assert warm.key() != base
+    monkeypatch.delenv("ORCH_MODEL")
+    assert warm.key() == base
+    os.utime(code / "m.py", ns=(1, 1))  # orch's code changed: a new warm process
+    assert warm.key() != base
+
+
+def test_the_warm_directory_must_be_closed_to_others(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert warm.warm_dir() == tmp_path / ".orch" / "warm"
+    (tmp_path / ".orch" / "warm").chmod(0o755)
+    assert warm.warm_dir() is None  # then every command runs in its own process
+    assert warm.run(["ps"]) is None
