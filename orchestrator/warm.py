@@ -250,31 +250,44 @@ def _relay(sock: socket.socket, argv: list[str]) -> int | None:
     owner = _peer(sock)[0]
     env = {name: os.environ[name] for name in VOLATILE_ENV if name in os.environ}
     main_package = getattr(sys.modules.get("__main__"), "__package__", None)
-    message = json.dumps({"argv": argv, "env": env, "argv0": sys.argv[0] if sys.argv else "orch",
-                          "package": main_package}).encode()  # fmt: skip
+    argv0 = sys.argv[0] if sys.argv else "orch"
+    message = json.dumps({"argv": argv, "env": env, "argv0": argv0, "package": main_package})
+    data = message.encode() + b"\n"
+    if len(data) > MAX_MESSAGE:
+        return None
+    pending: list[int] = []
+    child: list[int] = []
+
+    def relay(signum: int, _frame: object) -> None:  # a signal before the fork waits for it
+        if child:
+            _send(sock, {"signal": signum})
+        else:
+            pending.append(signum)
+
+    for s in RELAYED:
+        signal.signal(s, relay)
     try:
         cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        socket.send_fds(sock, [message], [cwd, 0, 1, 2])
+        sent = socket.send_fds(sock, [data], [cwd, 0, 1, 2])
+        sock.sendall(data[sent:])
     except OSError:
         return None
     finally:
         os.close(cwd)
     lines = _Lines(sock)
     started = lines.next()
-    if started is None or not isinstance(started.get("pid"), int):
-        return None  # refused or gone before forking: nothing ran
-
-    def relay(signum: int, _frame: object) -> None:
+    pid = None if started is None else started.get("pid")
+    if not isinstance(pid, int):
+        return 128 + pending[0] if pending else None  # refused or gone: nothing ran
+    child.append(pid)
+    for signum in pending:
         _send(sock, {"signal": signum})
-
-    for s in RELAYED:
-        signal.signal(s, relay)
     ended = lines.next()
     if ended is None:  # the warm process died: wait for the command itself to end
-        _wait_gone(started["pid"], owner)
+        _wait_gone(pid, owner)
         lost = "orch: the warm process ended before the command; its exit status is lost"
         print(f"{lost} (ORCH_WORKER_HOST=0 runs commands in their own process)", file=sys.stderr)
         return 1

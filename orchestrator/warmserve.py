@@ -173,9 +173,17 @@ class Server:
         except OSError:
             return
         conn.settimeout(ACCEPT_TIMEOUT_S)
+        fds: list[int] = []
         try:  # (what a refused caller sent is dropped: its descriptors closed, unused)
             data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 4)
+            while data and not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
+                chunk = conn.recv(MAX_MESSAGE)  # a long argv comes in more than one piece
+                if not chunk:
+                    break
+                data += chunk
         except OSError:
+            for fd in fds:
+                os.close(fd)
             conn.close()
             return
         try:

@@ -104,10 +104,12 @@ def test_a_command_runs_in_the_warm_process_as_it_would_alone(w: Warm, tmp_path:
     _script(w.repo.parent / "s.yaml",
             {"tool_calls": [{"tool": "bash", "input": {"command": f"cat a.txt; {SLEEP}"}}]},
             {"text": "WARM-DONE"})  # fmt: skip
-    proc = w.popen("task", "go", "--model", "scripted:../s.yaml")
+    long_prompt = "go " + "x" * 120_000  # more than one read of the socket
+    proc = w.popen("task", long_prompt, "--model", "scripted:../s.yaml")
     store = open_store(w.repo)
     [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
     assert _parent(run.pid) == zygote  # forked from the warm process
+    assert store.require_run(run.run_id).prompt == long_prompt
     assert wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
     os.kill(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: relayed to the command
     out, err = proc.communicate(timeout=30)
@@ -175,7 +177,7 @@ try:
     s.connect({str(sock_path)!r})
     cwd = os.open("/", os.O_RDONLY)
     msg = json.dumps({{"argv": ["task", "x", "--model", "scripted:/nonexistent",
-                                "--json"], "env": {{}}}}).encode()
+                                "--json"], "env": {{}}}}).encode() + b"\\n"
     socket.send_fds(s, [msg], [cwd, 0, 1, 2])
     print("GOT", s.recv(4096).decode().strip() or "nothing")
 except OSError as e:
