@@ -40,7 +40,9 @@ def _run(
     """One `orch task` under ``wrap``: its edges, in seconds from its start."""
     with tempfile.TemporaryDirectory(prefix="peerprof-") as tmp:
         script.repo = make_repo(Path(tmp))
-        argv, env = command("orch", {"orch": str(orch_binary())}, fake.base_url, Path(tmp) / "h")
+        # orch-cold: the command in its own process (the imports are what is profiled)
+        paths = {"orch": str(orch_binary())}
+        argv, env = command("orch-cold", paths, fake.base_url, Path(tmp) / "h")
         if stamps:  # the wrapper stands in for the console script
             argv = [str(HERE / "peerwrap.py"), str(stamps), *wrap[1:], "--", *argv[1:]]
             wrap = wrap[:1]

@@ -246,12 +246,14 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
-def rss_poller(parent: int) -> None:
+def rss_poller(parent: int, with_warm: bool) -> None:
     """Peak memory of everything under ``parent`` but this process, until stdin says stop.
 
     Two sums over the tree: RSS every POLL_S (counts pages shared between processes,
     e.g. a forked child, once per process) and PSS every PSS_EVERY samples (shared
-    pages split between their sharers: what the tree costs the machine).
+    pages split between their sharers: what the tree costs the machine). orch's warm
+    process is in the tree (we are its subreaper) and counts only ``with_warm`` (orch's
+    runs, not Claude Code's or orch-cold's).
     """
     page = os.sysconf("SC_PAGE_SIZE")
     me = os.getpid()
@@ -260,6 +262,8 @@ def rss_poller(parent: int) -> None:
     print("ready", flush=True)
     while True:
         pids = [p for p in tree(parent) if p not in (parent, me)]
+        if not with_warm:  # orch's warm process (and its commands) counts for orch's runs only
+            pids = [p for p in pids if not is_warm(p)]
         total = 0
         for p in pids:
             try:
@@ -301,10 +305,11 @@ def run_one(
         repo = make_repo(Path(tmp))
         script.repo = repo
         argv, env = command(tool, paths, fake.base_url, home)
-        warm_before = [p for p in tree(os.getpid()) if is_warm(p)]
+        mine = tool == "orch"  # the warm process is orch's (orch-cold runs without one)
+        warm_before = [p for p in tree(os.getpid()) if mine and is_warm(p)]
         cpu_before = children_cpu_ms(warm_before)
         poller = subprocess.Popen(
-            [sys.executable, __file__, "--rss", str(os.getpid())],
+            [sys.executable, __file__, "--rss", str(os.getpid()), "--with-warm", str(int(mine))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -405,13 +410,14 @@ def inside(runs: int, paths: dict[str, str], tools: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rss", type=int)
+    ap.add_argument("--with-warm", type=int, default=0)
     ap.add_argument("--inside", action="store_true")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--claude", default="")
     ap.add_argument("--orch", default="")
     a = ap.parse_args()
     if a.rss:
-        rss_poller(a.rss)
+        rss_poller(a.rss, bool(a.with_warm))
         return
     tools = [t for t in ("claude", "orch") if getattr(a, t)]
     if a.orch:
