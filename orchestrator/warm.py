@@ -10,7 +10,8 @@ same ``cli.main.main`` on the caller's argv; the caller relays signals to it and
 with its exit status. When no warm process answers, the command runs in its own process
 as before, and starts a warm process for the next one (which exits after
 ``ORCH_WARM_IDLE`` seconds without a command, default 60; ``0`` or
-``ORCH_WORKER_HOST=0`` turns it off).
+``ORCH_WORKER_HOST=0`` turns it off). One that cannot start (an import fails) leaves
+``KEY.failed`` saying why, and commands of that key run alone without trying again.
 
 What a command sees is what it would see in its own process: the environment is the
 same by construction (its digest, with the umask, the Python, ``sys.path``, the size
@@ -237,6 +238,8 @@ def run(argv: list[str]) -> int | None:
     k = key()
     sock = _connect(where / f"{k}.sock")
     if sock is None:
+        if (where / f"{k}.failed").exists():  # one could not start here: do not try again
+            return None
         fd = _lock(where / f"{k}.lock")
         if fd is not None:  # none lives: start one for the next command
             _start(k, fd)

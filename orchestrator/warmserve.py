@@ -289,8 +289,15 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
     if where is None:
         return
     os.set_inheritable(lock_fd, False)
-    _preload()
-    if threading.active_count() != 1:  # a fork would copy another thread's held locks
+    try:
+        _preload()
+        problem = None
+    except Exception as e:  # noqa: BLE001 - whatever it is, commands run alone (and say it)
+        problem = f"importing orch failed: {type(e).__name__}: {e}"
+    if problem is None and threading.active_count() != 1:
+        problem = "an import started a thread (a fork would copy its held locks)"
+    if problem is not None:  # no warm process for this key: callers stop starting one
+        (where / f"{key}.failed").write_text(problem + "\n")
         return
     gc.collect()
     gc.freeze()  # the forked children do not dirty the preloaded objects' pages

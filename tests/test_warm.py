@@ -237,3 +237,25 @@ def test_the_warm_directory_must_be_closed_to_others(
     (tmp_path / ".orch" / "warm").chmod(0o755)
     assert warm.warm_dir() is None  # then every command runs in its own process
     assert warm.run(["ps"]) is None
+
+
+def test_a_warm_process_that_cannot_start_is_not_tried_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from orchestrator import warmserve
+
+    def broken() -> None:
+        raise ImportError("no module named 'anthropic'")
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("ORCH_WARM_IDLE", "30")
+    monkeypatch.setattr(warmserve, "_preload", broken)
+    k = warm.key()
+    lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
+    warmserve.serve(k, lock, list(sys.path))  # returns: nothing is served
+    os.close(lock)
+    where = tmp_path / ".orch" / "warm"
+    assert "anthropic" in (where / f"{k}.failed").read_text()
+    assert list(where.glob("*.sock")) == []
+    assert warm.run(["ps"]) is None  # the command runs alone, and starts nothing
+    assert not (where / f"{k}.lock").exists()
