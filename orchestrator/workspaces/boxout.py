@@ -69,7 +69,8 @@ async def export_work(
         path = Path(tmp) / "out.bundle"
         with path.open("wb") as f:
             got = await box.call(["bash", "-c", EXPORT], message.encode(), env=env,
-                                 out_cap=cap, timeout_s=timeout_s, out_file=f)  # fmt: skip
+                                 out_cap=cap, timeout_s=timeout_s, out_file=f,
+                                 via_server=True)  # fmt: skip
         if exported is not None:
             exported()
         if got.overflow:

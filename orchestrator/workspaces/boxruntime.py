@@ -1,11 +1,12 @@
 """The container tier's :class:`~.base.Runtime`: every tool runs inside the sandbox.
 
 ``bash`` is a ``docker exec`` of the shell; ``read_file``, ``write_file``, ``glob`` and
-``grep`` run :mod:`.inbox` (stdlib-only Python) in the container with one JSON request
-on its stdin and take one JSON reply plus raw bytes from its stdout (the protocol and
-the path rule are in ``inbox``'s docstring). Caps are enforced inside (bytes read, walk
-entries, reply size) and again here: the host reads at most the reply cap of a call
-and kills the call past it. The host never opens a path in the container's tree.
+``grep`` run :mod:`.inbox` (stdlib-only Python) in the container (started by the
+container's long-lived :mod:`.boxserve` exec, or by an exec of its own when that one is
+gone) with one JSON request on its stdin and take one JSON reply plus raw bytes from its
+stdout (the protocol and the path rule are in ``inbox``'s docstring). Caps are enforced
+inside (bytes read, walk entries, reply size) and again here: the host reads at most the
+reply cap of a call and kills the call past it. The host never opens a path in the container's tree.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class ContainerRuntime:
         head = json.dumps({**request, "size": len(data)}).encode() + b"\n"
         got = await self.box.call(
             ["python3", "-c", inbox_source()], head + data,
-            out_cap=reply_cap + HEADER_MAX, timeout_s=CALL_TIMEOUT_S,
+            out_cap=reply_cap + HEADER_MAX, timeout_s=CALL_TIMEOUT_S, via_server=True,
         )  # fmt: skip
         if got.overflow:
             raise OrchError("the sandbox's file runtime answered more than its cap; refused")

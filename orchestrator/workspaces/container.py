@@ -251,6 +251,7 @@ class ContainerWorkspace:
             await self._fill(archive)
         finally:
             await asyncio.to_thread(staging.remove)
+        await asyncio.to_thread(self.box.start_server)  # the close's export needs no exec
         self._ready = True
         self._open = True
         _LIVE[spec.run_id] = self
@@ -445,6 +446,8 @@ class ContainerWorkspace:
                 _PER_CHAIN[self.spec.chain_id] = left
             else:
                 _PER_CHAIN.pop(self.spec.chain_id, None)
+        if self.box is not None:
+            self.box.close()
         if self._client is not None:
             self._client.close()
             self._client = None

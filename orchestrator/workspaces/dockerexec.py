@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -142,12 +143,130 @@ def _recv_exact(sock: Any, n: int) -> bytes:
     return bytes(buf)
 
 
+class _Gone(Exception):
+    """The server exec ended or broke its protocol: the call goes by an exec of its own."""
+
+
+class _Server:
+    """The long-lived exec of :mod:`.boxserve`: program calls without an exec each. What
+    it sends is the sandbox's: every length is capped before anything is read."""
+
+    TRAILER_MAX = 2 * ERR_CAP + 4096  # the JSON escapes of 64 KiB of stderr fit
+
+    def __init__(self, api: Any, container_id: str, exec_id: str, wrapped: Any) -> None:
+        self.api, self.container_id, self.exec_id, self.wrapped = (
+            api,
+            container_id,
+            exec_id,
+            wrapped,
+        )
+        self.sock = getattr(wrapped, "_sock", wrapped)
+        self.buf = bytearray()
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        for close in (self.sock.close, self.wrapped.close):
+            with contextlib.suppress(Exception):
+                close()
+
+    def _more(self, deadline: float) -> None:
+        """Read one frame of the exec's stream; its stdout goes to ``buf``."""
+        while True:
+            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+            header = _recv_exact(self.sock, 8)
+            if len(header) < 8:
+                raise _Gone("the server exec ended")
+            kind, size = struct.unpack(">BxxxL", header)
+            data = _recv_exact(self.sock, size)
+            if len(data) < size:
+                raise _Gone("the server exec ended")
+            if kind == 1:
+                self.buf += data
+                return
+
+    def _take(self, n: int, deadline: float) -> bytes:
+        while len(self.buf) < n:
+            self._more(deadline)
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def _line(self, deadline: float) -> bytes:
+        while b"\n" not in self.buf:
+            if len(self.buf) > self.TRAILER_MAX:
+                raise _Gone("the server's answer is too long")
+            self._more(deadline)
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf[:] = rest
+        return line
+
+    def call(
+        self, argv: list[str], stdin: bytes, env: dict[str, str], out_cap: int,
+        timeout_s: float, out_file: IO[bytes] | None,
+    ) -> CallResult:  # fmt: skip
+        """Raises _Gone (nothing to trust of what was read) or returns the call's result."""
+        deadline = time.monotonic() + timeout_s
+        request = json.dumps({"argv": argv, "env": env, "stdin": len(stdin)}).encode()
+        out, seen = bytearray(), 0
+        with self.lock:
+            try:
+                self.sock.settimeout(max(0.1, deadline - time.monotonic()))
+                self.sock.sendall(request + b"\n" + stdin)
+                while n := struct.unpack(">I", self._take(4, deadline))[0]:
+                    if seen + n > out_cap:  # over the cap: the server (and its program) go
+                        self.kill()
+                        return CallResult(None, b"", b"", seen + n, overflow=True)
+                    data = self._take(n, deadline)
+                    seen += n
+                    if out_file is not None:
+                        out_file.write(data)
+                    else:
+                        out += data
+                trailer = json.loads(self._line(deadline))
+            except TimeoutError:
+                self.kill()
+                return CallResult(None, b"", b"", seen, timed_out=True)
+            except (OSError, ValueError, struct.error) as e:
+                raise _Gone(str(e)) from None
+        code, err = trailer.get("code"), trailer.get("err")
+        if not isinstance(code, int) or not isinstance(err, str):
+            raise _Gone("the server's answer is malformed")
+        return CallResult(code, bytes(out), err.encode()[:ERR_CAP], seen)
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            info = self.api.exec_inspect(self.exec_id)
+            kill_exec_group(int(info.get("Pid") or 0), self.container_id)
+        self.close()
+
+
 class Sandbox:
     """One started container: commands and program calls as the sandbox user."""
 
     def __init__(self, client: Any, container_id: str, cfg: SandboxSettings, user: str) -> None:
         self.client, self.container_id, self.cfg, self.user = client, container_id, cfg, user
         self.dead = ""  # why the container can run no more commands
+        self.server: _Server | None = None
+
+    def start_server(self) -> None:
+        """Start :mod:`.boxserve` in its long-lived exec (blocking; a few ms: the exec itself
+        starts in the engine meanwhile). Calls with ``server=True`` go through it while it
+        answers. Without python3 in the image it ends at once and calls use execs."""
+        from . import boxserve
+
+        api, cid = self.client.api, self.container_id
+        with contextlib.suppress(Exception):
+            source = Path(boxserve.__file__).read_text()
+            made = api.exec_create(cid, ["python3", "-u", "-c", source], stdin=True, stdout=True,
+                                   stderr=True, workdir=WORKSPACE, user=self.user)  # fmt: skip
+            wrapped = api.exec_start(str(made["Id"]), socket=True)
+            self.server = _Server(api, cid, str(made["Id"]), wrapped)
+
+    def close(self) -> None:
+        """Let the server exec go (the container's removal ends it anyway)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     async def _api(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def call() -> T:
@@ -224,14 +343,32 @@ class Sandbox:
     async def call(
         self, argv: Sequence[str], stdin: bytes | Path = b"", *, out_cap: int, timeout_s: float,
         env: Mapping[str, str] | None = None, out_file: IO[bytes] | None = None,
+        via_server: bool = False,
     ) -> CallResult:  # fmt: skip
         """Run ``argv`` in ``/workspace`` with ``stdin`` (bytes, or a host file orch owns,
         streamed); stdout kept (or written to
         ``out_file``) up to ``out_cap`` bytes, stderr up to 64 KiB. Past the cap or the
         timeout the program's process group is killed. Runs in a thread: a cancel waits
-        for it (it is bounded by ``timeout_s``)."""
+        for it (it is bounded by ``timeout_s``). ``via_server``: through the server exec
+        when it answers (no exec of its own), else as always."""
         if self.dead:
             raise OrchError(self.dead)
+        server = self.server if via_server else None
+        if server is not None and isinstance(stdin, bytes):
+            data: bytes = stdin
+            try:
+                got = await await_shielded(asyncio.to_thread(
+                    server.call, list(argv), data, dict(env or {}), out_cap, timeout_s, out_file
+                ))  # fmt: skip
+                if got.overflow or got.timed_out:
+                    self.server = None  # killed with its program: the next call by an exec
+                return got
+            except _Gone:  # killed, or lying: from the start, by an exec of its own
+                server.kill()
+                self.server = None
+                if out_file is not None:
+                    out_file.seek(0)
+                    out_file.truncate()
         return await await_shielded(
             asyncio.to_thread(
                 self._call_sync, list(argv), stdin, out_cap, timeout_s, dict(env or {}), out_file

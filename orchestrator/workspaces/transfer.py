@@ -189,6 +189,8 @@ async def base_bundle(repo: RepoPaths, commit: str) -> Path:
         name = hashlib.sha256("\0".join(key).encode()).hexdigest()[:32]
         path = _cache_dir() / f"{name}.bundle"
         tmp = path.with_suffix(".tmp")
+        for stale in (tmp, tmp.with_suffix(".tmp.lock")):  # a cancelled try's (the dir is ours)
+            stale.unlink(missing_ok=True)
         await bundle_commit(repo, commit, tmp, bundle_ref(commit))
         tmp.replace(path)
         _BUNDLES[key] = path
