@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config import SandboxSettings
 from orchestrator.errors import OrchError
 from orchestrator.workspaces.base import RunOutcome
 from orchestrator.workspaces.container import ContainerWorkspace
+from orchestrator.workspaces.pool import ContainerPool
 from tests.test_container import engine, leftovers, repo, sandbox_image, sh, spec_for
 
 __all__ = ["engine", "repo", "sandbox_image"]  # fixtures shared with test_container
@@ -53,6 +55,28 @@ def test_file_tools_and_the_export_need_no_exec_each(repo: Path, sandbox_image: 
     [art] = ws.artifacts()
     assert sh(repo, "show", f"{art['branch']}:f3.txt") == "3"
     assert art["files_changed"] == 6 and leftovers(repo) == []
+
+
+def test_a_pool_claim_fills_the_workspace_without_an_exec(repo: Path, sandbox_image: str) -> None:
+    async def body() -> ContainerWorkspace:
+        async with ContainerPool(repo, SandboxSettings(image=sandbox_image), size=1) as pool:
+            async with asyncio.timeout(60):
+                await pool.wait_ready()  # started, and its server greeted
+            [warm] = pool.ready
+            before = execs(warm.container_id)
+            async with ContainerWorkspace(spec_for(repo, image=sandbox_image)) as ws:
+                assert ws.pooled and ws.container_id == warm.container_id
+                assert execs(ws.container_id) == before  # the fill went through the server
+                assert (await ws.runtime().read_file("README.md", max_bytes=100)).data
+                r = await ws.exec("echo pooled > p.txt", timeout_s=30, env={})
+                assert r.exit_code == 0, r.output
+                ws.set_outcome(RunOutcome("succeeded", "pooled"))
+        return ws
+
+    ws = asyncio.run(body())
+    [art] = ws.artifacts()
+    assert sh(repo, "show", f"{art['branch']}:p.txt") == "pooled"
+    assert leftovers(repo) == []
 
 
 def test_a_killed_server_costs_nothing_but_time(repo: Path, sandbox_image: str) -> None:

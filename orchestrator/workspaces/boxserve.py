@@ -1,7 +1,8 @@
 """Runs inside a sandbox container (stdlib only, as ``python3 -c``): programs on request
 over one long-lived ``docker exec``, so a call costs no new exec (≈ 45 ms of runc each).
 
-The host writes a request: one JSON line ``{"argv": [...], "env": {...}, "stdin": N}``
+It greets first (a zero length and ``{"hello": "orch-boxserve/1"}``). The host writes a
+request: one JSON line ``{"argv": [...], "env": {...}, "stdin": N}``
 and N bytes for the program's stdin. The program runs in ``/workspace``, in the server's
 process group (killing the exec's group on a timeout or an overflow ends it too). Its
 stdout comes back as frames (4-byte big-endian length, then that many bytes), ended by
@@ -44,6 +45,8 @@ def _drain(pipe: IO[bytes], into: list[bytes]) -> None:
 
 def main() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
+    out.write(struct.pack(">I", 0) + b'{"hello": "orch-boxserve/1"}\n')  # boxchannel.HELLO
+    out.flush()
     while True:
         line = inp.readline(65536)
         if not line:

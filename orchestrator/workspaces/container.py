@@ -134,6 +134,9 @@ def reap_by_label(run_ids: set[str] | None = None) -> list[str]:
 # -- the workspace ----------------------------------------------------------------------
 
 
+FILL_IN_MEMORY = 64 * 1024 * 1024  # archives up to this go through the program server
+
+
 class ContainerWorkspace:
     isolation = "container"
 
@@ -241,6 +244,8 @@ class ContainerWorkspace:
                 self._register()
                 await asyncio.to_thread(start_container, self._client, self.container_id)
             self.box = Sandbox(self._client, self.container_id, self.cfg, f"{self.uid}:{self.gid}")
+            if warm is not None:  # its program server greeted already: the fill needs no exec
+                self.box.server = warm.server
             archive, staging = await includes_task
         except BaseException:
             includes_task.cancel()
@@ -251,7 +256,8 @@ class ContainerWorkspace:
             await self._fill(archive)
         finally:
             await asyncio.to_thread(staging.remove)
-        await asyncio.to_thread(self.box.start_server)  # the close's export needs no exec
+        if self.box.server is None:  # it starts (and greets) during the model's first turn
+            await asyncio.to_thread(self.box.start_server)
         self._ready = True
         self._open = True
         _LIVE[spec.run_id] = self
@@ -314,9 +320,15 @@ class ContainerWorkspace:
     async def _fill(self, archive: Path) -> None:
         assert self.box is not None
         env = {"REF": bundle_ref(self.start), "BRANCH": self.branch}
-        made = await self.box.call(
-            ["sh", "-c", SETUP], archive, out_cap=65536, timeout_s=600, env=env
+        # a pool's container has its server greeted already: the claim needs no exec (a new
+        # one's starts after the fill, off the path to the first model request)
+        small = self.pooled and await asyncio.to_thread(
+            lambda: archive.stat().st_size <= FILL_IN_MEMORY
         )
+        data = await asyncio.to_thread(archive.read_bytes) if small else archive
+        made = await self.box.call(
+            ["sh", "-c", SETUP], data, out_cap=65536, timeout_s=600, env=env, via_server=small
+        )  # (a larger archive streams from its file)
         if b"NEEDS" in made.out:
             raise OrchError(NEEDS)
         if b"NOT-WRITABLE" in made.out:

@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import signal
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..config import SandboxSettings
 from ..errors import OrchError
 from .base import MAX_CAPTURE, ProcessResult
+from .boxchannel import ERR_CAP, CallResult, Gone, Server, kill_exec_group, recv_exact, start_server
 from .pool import WORKSPACE, docker_errors
 from .worktree import await_shielded
 
 T = TypeVar("T")
 KILL_GRACE_S = 5.0
-ERR_CAP = 64 * 1024
 
 
 class _Pump:
@@ -72,29 +68,6 @@ class _Pump:
             self.done.set_result(None)
 
 
-def cgroup_procs(container_id: str) -> list[int] | None:
-    """Host pids in the container's cgroup (v1 or v2, cgroupfs or systemd), None if unseen."""
-    cg, cid = "/sys/fs/cgroup", container_id
-    for path in (f"{cg}/pids/docker/{cid}", f"{cg}/pids/system.slice/docker-{cid}.scope",
-                 f"{cg}/system.slice/docker-{cid}.scope", f"{cg}/docker/{cid}"):  # fmt: skip
-        with contextlib.suppress(OSError, ValueError):
-            return [int(pid) for pid in Path(path, "cgroup.procs").read_text().split()]
-    return None
-
-
-def kill_exec_group(pgid: int, container_id: str) -> None:
-    """SIGKILL process group ``pgid`` (an exec's), only once a process of the container's own
-    cgroup is seen in it: never a group of this pid namespace that merely has that number."""
-    if pgid <= 0:
-        return
-    for pid in cgroup_procs(container_id) or []:
-        with contextlib.suppress(OSError):
-            if os.getpgid(pid) == pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
-                return
-
-
 def oom_kills(container_id: str) -> int | None:
     """The container's OOM-kill count from its memory cgroup (v1 or v2), None if unreadable."""
     cg = "/sys/fs/cgroup"
@@ -107,16 +80,6 @@ def oom_kills(container_id: str) -> int | None:
                 if name == "oom_kill":
                     return int(value)
     return None
-
-
-@dataclass
-class CallResult:
-    code: int | None  # None: killed (timeout or overflow)
-    out: bytes  # empty when streamed into a file
-    err: bytes
-    out_size: int  # stdout bytes seen (up to the cap + one frame)
-    overflow: bool = False
-    timed_out: bool = False
 
 
 def _send(sock: Any, stdin: bytes | Path) -> None:
@@ -133,134 +96,19 @@ def _send(sock: Any, stdin: bytes | Path) -> None:
         pass
 
 
-def _recv_exact(sock: Any, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
-
-
-class _Gone(Exception):
-    """The server exec ended or broke its protocol: the call goes by an exec of its own."""
-
-
-class _Server:
-    """The long-lived exec of :mod:`.boxserve`: program calls without an exec each. What
-    it sends is the sandbox's: every length is capped before anything is read."""
-
-    TRAILER_MAX = 2 * ERR_CAP + 4096  # the JSON escapes of 64 KiB of stderr fit
-
-    def __init__(self, api: Any, container_id: str, exec_id: str, wrapped: Any) -> None:
-        self.api, self.container_id, self.exec_id, self.wrapped = (
-            api,
-            container_id,
-            exec_id,
-            wrapped,
-        )
-        self.sock = getattr(wrapped, "_sock", wrapped)
-        self.buf = bytearray()
-        self.lock = threading.Lock()
-
-    def close(self) -> None:
-        for close in (self.sock.close, self.wrapped.close):
-            with contextlib.suppress(Exception):
-                close()
-
-    def _more(self, deadline: float) -> None:
-        """Read one frame of the exec's stream; its stdout goes to ``buf``."""
-        while True:
-            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
-            header = _recv_exact(self.sock, 8)
-            if len(header) < 8:
-                raise _Gone("the server exec ended")
-            kind, size = struct.unpack(">BxxxL", header)
-            data = _recv_exact(self.sock, size)
-            if len(data) < size:
-                raise _Gone("the server exec ended")
-            if kind == 1:
-                self.buf += data
-                return
-
-    def _take(self, n: int, deadline: float) -> bytes:
-        while len(self.buf) < n:
-            self._more(deadline)
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    def _line(self, deadline: float) -> bytes:
-        while b"\n" not in self.buf:
-            if len(self.buf) > self.TRAILER_MAX:
-                raise _Gone("the server's answer is too long")
-            self._more(deadline)
-        line, _, rest = bytes(self.buf).partition(b"\n")
-        self.buf[:] = rest
-        return line
-
-    def call(
-        self, argv: list[str], stdin: bytes, env: dict[str, str], out_cap: int,
-        timeout_s: float, out_file: IO[bytes] | None,
-    ) -> CallResult:  # fmt: skip
-        """Raises _Gone (nothing to trust of what was read) or returns the call's result."""
-        deadline = time.monotonic() + timeout_s
-        request = json.dumps({"argv": argv, "env": env, "stdin": len(stdin)}).encode()
-        out, seen = bytearray(), 0
-        with self.lock:
-            try:
-                self.sock.settimeout(max(0.1, deadline - time.monotonic()))
-                self.sock.sendall(request + b"\n" + stdin)
-                while n := struct.unpack(">I", self._take(4, deadline))[0]:
-                    if seen + n > out_cap:  # over the cap: the server (and its program) go
-                        self.kill()
-                        return CallResult(None, b"", b"", seen + n, overflow=True)
-                    data = self._take(n, deadline)
-                    seen += n
-                    if out_file is not None:
-                        out_file.write(data)
-                    else:
-                        out += data
-                trailer = json.loads(self._line(deadline))
-            except TimeoutError:
-                self.kill()
-                return CallResult(None, b"", b"", seen, timed_out=True)
-            except (OSError, ValueError, struct.error) as e:
-                raise _Gone(str(e)) from None
-        code, err = trailer.get("code"), trailer.get("err")
-        if not isinstance(code, int) or not isinstance(err, str):
-            raise _Gone("the server's answer is malformed")
-        return CallResult(code, bytes(out), err.encode()[:ERR_CAP], seen)
-
-    def kill(self) -> None:
-        with contextlib.suppress(Exception):
-            info = self.api.exec_inspect(self.exec_id)
-            kill_exec_group(int(info.get("Pid") or 0), self.container_id)
-        self.close()
-
-
 class Sandbox:
     """One started container: commands and program calls as the sandbox user."""
 
     def __init__(self, client: Any, container_id: str, cfg: SandboxSettings, user: str) -> None:
         self.client, self.container_id, self.cfg, self.user = client, container_id, cfg, user
         self.dead = ""  # why the container can run no more commands
-        self.server: _Server | None = None
+        self.server: Server | None = None
 
     def start_server(self) -> None:
-        """Start :mod:`.boxserve` in its long-lived exec (blocking; a few ms: the exec itself
-        starts in the engine meanwhile). Calls with ``server=True`` go through it while it
-        answers. Without python3 in the image it ends at once and calls use execs."""
-        from . import boxserve
-
-        api, cid = self.client.api, self.container_id
-        with contextlib.suppress(Exception):
-            source = Path(boxserve.__file__).read_text()
-            made = api.exec_create(cid, ["python3", "-u", "-c", source], stdin=True, stdout=True,
-                                   stderr=True, workdir=WORKSPACE, user=self.user)  # fmt: skip
-            wrapped = api.exec_start(str(made["Id"]), socket=True)
-            self.server = _Server(api, cid, str(made["Id"]), wrapped)
+        """Start the container's program server (:mod:`.boxserve`; a few ms, it greets
+        later). Calls with ``via_server=True`` go through it while it answers; without
+        python3 in the image they use execs."""
+        self.server = start_server(self.client, self.container_id, self.user, WORKSPACE)
 
     def close(self) -> None:
         """Let the server exec go (the container's removal ends it anyway)."""
@@ -363,7 +211,7 @@ class Sandbox:
                 if got.overflow or got.timed_out:
                     self.server = None  # killed with its program: the next call by an exec
                 return got
-            except _Gone:  # killed, or lying: from the start, by an exec of its own
+            except Gone:  # killed, or lying: from the start, by an exec of its own
                 server.kill()
                 self.server = None
                 if out_file is not None:
@@ -394,11 +242,11 @@ class Sandbox:
             _send(sock, stdin)
             while True:
                 sock.settimeout(max(0.05, deadline - time.monotonic()))
-                header = _recv_exact(sock, 8)
+                header = recv_exact(sock, 8)
                 if len(header) < 8:
                     break
                 kind, size = struct.unpack(">BxxxL", header)
-                data = _recv_exact(sock, size)
+                data = recv_exact(sock, size)
                 if kind == 1:
                     seen += len(data)
                     if seen > out_cap:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from ..config import SandboxSettings
 from ..errors import OrchError, UsageError
+from .boxchannel import Server, start_server
 from .worktree import await_shielded
 
 WORKSPACE = "/workspace"
@@ -136,10 +137,12 @@ def owner_labels(run_id: str = "", chain_id: str = "", agent: str = "") -> dict[
 
 @dataclass
 class Warm:
-    """A started container with an empty ``/workspace`` (its own anonymous volume)."""
+    """A started container with an empty ``/workspace`` (its own anonymous volume), and
+    its program server, greeted, when it started."""
 
     container_id: str
     created: float = field(default_factory=time.monotonic)
+    server: Server | None = None
 
 
 def create_container(
@@ -329,10 +332,16 @@ class ContainerPool:
         except BaseException:
             await asyncio.to_thread(self._discard, Warm(cid))
             raise
+        user = f"{self.uid}:{self.gid}"
+        server = await asyncio.to_thread(
+            start_server, self._client, cid, user, WORKSPACE, wait=True
+        )
         self.error = None
-        self.ready.append(Warm(cid))
+        self.ready.append(Warm(cid, server=server))
         self._changed.set()
 
     def _discard(self, warm: Warm) -> None:
+        if warm.server is not None:
+            warm.server.close()
         with contextlib.suppress(OrchError):
             remove_by_id(self._client, warm.container_id)
