@@ -30,6 +30,7 @@ carries argv and the shell's volatile variables (``PWD``...), never an environme
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -38,12 +39,17 @@ import signal
 import socket
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 IDLE_DEFAULT_S = 60.0
 VOLATILE_ENV = ("PWD", "OLDPWD", "SHLVL", "_")  # differ per shell; passed, never hashed
-RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# what a terminal or a shell sends to the foreground job; the command gets them all
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
+           signal.SIGCONT)  # fmt: skip
+REPLY_TIMEOUT_S = 15.0  # to the fork; past it the command runs alone
+FAILED_FOR_S = 24 * 3600.0
 NAMESPACES = ("mnt", "pid", "net", "user")
 MAX_MESSAGE = 256 * 1024
 CODE = Path(__file__).resolve().parent
@@ -83,6 +89,22 @@ def _stamp(path: str, out: list[tuple[str, int, int]], depth: int = 0) -> None:
                 out.append((e.path, st.st_size, st.st_mtime_ns))
 
 
+def _process() -> list[object]:
+    """What a process inherits besides its environment: ids, groups, limits, priority,
+    cgroup, CPUs, and the interpreter's flags."""
+    import resource
+
+    limits = [resource.getrlimit(getattr(resource, n)) for n in dir(resource)
+              if n.startswith("RLIMIT_")]  # fmt: skip
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        cgroup = "?"
+    return [os.getuid(), os.getgid(), os.geteuid(), sorted(os.getgroups()), limits,
+            os.getpriority(os.PRIO_PROCESS, 0), cgroup, sorted(os.sched_getaffinity(0)),
+            list(sys.flags), sorted(map(str, sys._xoptions.items()))]  # fmt: skip
+
+
 def key() -> str:
     """The digest of everything a command inherits from the process that runs it."""
     env = sorted((k, v) for k, v in os.environ.items() if k not in VOLATILE_ENV)
@@ -93,7 +115,7 @@ def key() -> str:
         if entry.endswith(("site-packages", "dist-packages")):
             with contextlib.suppress(OSError):
                 installed += sorted(n for n in os.listdir(entry) if n.endswith(_INSTALLED))
-    blob = json.dumps([env, _umask(), sys.executable, sys.path, code, installed, os.getuid()])
+    blob = json.dumps([env, _umask(), sys.executable, sys.path, code, installed, _process()])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -209,28 +231,10 @@ def _lock(lock_path: Path) -> int | None:
     return fd
 
 
-def _wait_gone(pid: int, owner: int) -> None:
-    """Wait for the command's process when its warm process is gone (it may still write)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        with open(f"/proc/{pid}/stat") as f:  # still the child we were told of?
-            if int(f.read().rsplit(")", 1)[1].split()[1]) not in (owner, 1):
-                return
-    except (OSError, ValueError, IndexError):
-        pass
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
-    sel.select()
-    os.close(fd)
-
-
 def run(argv: list[str]) -> int | None:
     """Run ``orch argv`` in the warm process and return its exit status; None when no warm
     process took it (nothing ran: the caller runs it itself)."""
-    if not enabled(argv):
+    if not enabled(argv) or not _streams_open():
         return None
     where = warm_dir()
     if where is None:
@@ -238,69 +242,141 @@ def run(argv: list[str]) -> int | None:
     k = key()
     sock = _connect(where / f"{k}.sock")
     if sock is None:
-        if (where / f"{k}.failed").exists():  # one could not start here: do not try again
-            return None
+        failed = where / f"{k}.failed"
+        with contextlib.suppress(OSError):  # one could not start here: not again for a day
+            if time.time() - os.lstat(failed).st_mtime < FAILED_FOR_S:
+                return None
         fd = _lock(where / f"{k}.lock")
         if fd is not None:  # none lives: start one for the next command
             _start(k, fd)
             os.close(fd)
         return None
     with sock:
-        return _relay(sock, argv)
+        return _Relay(sock).run(argv)
 
 
-def _relay(sock: socket.socket, argv: list[str]) -> int | None:
-    owner = _peer(sock)[0]
-    env = {name: os.environ[name] for name in VOLATILE_ENV if name in os.environ}
-    main_package = getattr(sys.modules.get("__main__"), "__package__", None)
-    argv0 = sys.argv[0] if sys.argv else "orch"
-    message = json.dumps({"argv": argv, "env": env, "argv0": argv0, "package": main_package})
-    data = message.encode() + b"\n"
-    if len(data) > MAX_MESSAGE:
-        return None
-    pending: list[int] = []
-    child: list[int] = []
+def _streams_open() -> bool:
+    """stdin, stdout and stderr are open (a command run alone gets what the shell gave)."""
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
-    def relay(signum: int, _frame: object) -> None:  # a signal before the fork waits for it
-        if child:
-            _send(sock, {"signal": signum})
+
+class _Relay:
+    """One command in the warm process, seen from its caller: signals go to it, its exit
+    status comes back. Signals the caller ignores stay ignored (``nohup``, a script's
+    background job); until the command exists a signal ends the caller and nothing runs;
+    if the warm process dies, signals go to the command directly (its pidfd)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pidfd: int | None = None
+        self.gone = False  # the warm process: signals then go through the pidfd
+        self.previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.pidfd is None:  # no command yet: stop, go on, or leave (nothing has run)
+            if signum == signal.SIGTSTP:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif signum != signal.SIGCONT:
+                os._exit(128 + signum)
+            return
+        if signum == signal.SIGTSTP:  # stop the command, then ourselves (the shell's ^Z)
+            self._forward(signal.SIGTSTP)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        if self.gone and self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, signum)
         else:
-            pending.append(signum)
+            _send(self.sock, {"signal": signum})
 
-    for s in RELAYED:
-        signal.signal(s, relay)
-    try:
-        cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        sent = socket.send_fds(sock, [data], [cwd, 0, 1, 2])
-        sock.sendall(data[sent:])
-    except OSError:
-        return None
-    finally:
-        os.close(cwd)
-    lines = _Lines(sock)
-    started = lines.next()
-    pid = None if started is None else started.get("pid")
-    if not isinstance(pid, int):
-        return 128 + pending[0] if pending else None  # refused or gone: nothing ran
-    child.append(pid)
-    for signum in pending:
-        _send(sock, {"signal": signum})
-    ended = lines.next()
-    if ended is None:  # the warm process died: wait for the command itself to end
-        _wait_gone(pid, owner)
-        lost = "orch: the warm process ended before the command; its exit status is lost"
-        print(f"{lost} (ORCH_WORKER_HOST=0 runs commands in their own process)", file=sys.stderr)
-        return 1
-    sig = ended.get("signal")
-    if isinstance(sig, int):
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)  # leave as the command did
-        return 128 + sig
-    code = ended.get("exit")
-    return code if isinstance(code, int) else 1
+    def run(self, argv: list[str]) -> int | None:
+        ignored = [int(s) for s in RELAYED if signal.getsignal(s) == signal.SIG_IGN]
+        for s in RELAYED:
+            if int(s) not in ignored:
+                self.previous[int(s)] = signal.signal(s, self._on_signal)
+        try:
+            return self._run(argv, ignored)
+        finally:
+            if self.pidfd is None:  # not taken: the command runs here, with our handlers
+                for num, handler in self.previous.items():
+                    signal.signal(num, handler)
+            elif self.pidfd >= 0:
+                os.close(self.pidfd)
+
+    def _run(self, argv: list[str], ignored: list[int]) -> int | None:
+        env = {name: os.environ[name] for name in VOLATILE_ENV if name in os.environ}
+        main_package = getattr(sys.modules.get("__main__"), "__package__", None)
+        argv0 = sys.argv[0] if sys.argv else "orch"
+        message = {"argv": argv, "env": env, "argv0": argv0, "package": main_package,
+                   "ignored": [int(s) for s in ignored]}  # fmt: skip
+        data = json.dumps(message).encode() + b"\n"
+        if len(data) > MAX_MESSAGE:
+            return None
+        try:  # the directory's descriptor above 2: never taken for a standard stream
+            cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            high = fcntl.fcntl(cwd, fcntl.F_DUPFD_CLOEXEC, 3)
+        finally:
+            os.close(cwd)
+        try:
+            self.sock.settimeout(REPLY_TIMEOUT_S)
+            sent = socket.send_fds(self.sock, [data], [high, 0, 1, 2])
+            self.sock.sendall(data[sent:])
+        except OSError:
+            return None
+        finally:
+            os.close(high)
+        lines = _Lines(self.sock)
+        started = lines.next()  # within REPLY_TIMEOUT_S
+        if started is None:  # it may have forked: never run the command a second time
+            owner = _peer(self.sock)[0]
+            print(f"orch: the warm process (pid {owner}) did not answer; end it (kill {owner}) "
+                  "or set ORCH_WORKER_HOST=0 to run commands in their own process",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        pid = started.get("pid")
+        if not isinstance(pid, int):
+            return None  # refused (it says so before any fork): nothing ran
+        try:
+            self.pidfd = os.pidfd_open(pid)  # the warm process has not reaped it: it is ours
+        except OSError:
+            self.pidfd = -1  # it ended already; its status is on the way
+        self.sock.settimeout(None)
+        ended = lines.next()
+        if ended is None:  # the warm process died: wait for the command itself to end
+            self.gone = True
+            if self.pidfd >= 0:
+                _wait_readable(self.pidfd)
+            lost = "orch: the warm process ended before the command; its exit status is lost"
+            print(
+                f"{lost} (ORCH_WORKER_HOST=0 runs commands in their own process)", file=sys.stderr
+            )
+            return 1
+        sig = ended.get("signal")
+        if isinstance(sig, int):
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)  # leave as the command did
+            return 128 + sig
+        code = ended.get("exit")
+        return code if isinstance(code, int) else 1
+
+
+def _wait_readable(fd: int) -> None:
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    while not sel.select():
+        pass
+    sel.close()
 
 
 def main() -> None:

@@ -54,6 +54,7 @@ class Command:
     env: dict[str, str]
     argv0: str
     package: str | None
+    ignored: list[int]
 
 
 def _preload() -> None:
@@ -71,10 +72,12 @@ def _preload() -> None:
 def _child(conn: socket.socket, fds: list[int], command: Command) -> None:
     """Become the command; never returns."""
     try:
+        os.setpgid(0, 0)  # first: a caller gone already still reaches this group
         for s in (*RELAYED, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.setpgid(0, 0)
+        for num in command.ignored:  # what the caller ignores (nohup), the command ignores
+            signal.signal(num, signal.SIG_IGN)
         conn.close()
         cwd, *stdio = fds
         os.fchdir(cwd)
@@ -121,8 +124,8 @@ def _writer(fd: int, like: Any) -> io.TextIOWrapper:
 
 
 class Server:
-    def __init__(self, listener: socket.socket, sock_path: Path, lock_fd: int) -> None:
-        self.listener, self.sock_path, self.lock_fd = listener, sock_path, lock_fd
+    def __init__(self, listener: socket.socket, sock_path: Path, ino: int, lock_fd: int) -> None:
+        self.listener, self.sock_path, self.ino, self.lock_fd = listener, sock_path, ino, lock_fd
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # pid → its caller
         self.buffers: dict[socket.socket, bytes] = {}
@@ -151,14 +154,22 @@ class Server:
                 else:
                     self._from_caller(handle.fileobj)  # type: ignore[arg-type]
             if not self.children and (self.stopped or time.monotonic() >= self.last + idle):
+                self._stop()
                 return
 
     def _stop(self) -> None:
+        """Take no more commands: the socket's name goes first (no new caller reaches us),
+        then every caller already queued hears so and runs its command itself."""
         if not self.stopped:
             self.stopped = True
             self.sel.unregister(self.listener)
-            with contextlib.suppress(FileNotFoundError):
-                self.sock_path.unlink()
+            unlink_if_ours(self.sock_path, self.ino)
+            self.listener.setblocking(False)
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, _ = self.listener.accept()  # (raises once the backlog is empty)
+                    _send(conn, {"error": "the warm process is leaving"})
+                    conn.close()
 
     def _drain(self) -> bytes:
         got = b""
@@ -172,11 +183,24 @@ class Server:
             conn, _ = self.listener.accept()
         except OSError:
             return
-        conn.settimeout(ACCEPT_TIMEOUT_S)
+        if self.stopped:  # past the end: say so, the caller runs the command itself
+            _send(conn, {"error": "the warm process is leaving"})
+            conn.close()
+            return
+        refused = None
+        try:
+            pid, uid = _peer(conn)
+            if uid != os.getuid() or _namespaces(pid) != self.mine:
+                refused = "refused: not a process of this user outside sandboxes"
+        except OSError:
+            refused = "refused: the caller could not be checked"
+        deadline = time.monotonic() + ACCEPT_TIMEOUT_S  # for the whole message
         fds: list[int] = []
         try:  # (what a refused caller sent is dropped: its descriptors closed, unused)
+            conn.settimeout(ACCEPT_TIMEOUT_S)
             data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 4)
             while data and not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
+                conn.settimeout(max(0.0, deadline - time.monotonic()) or 0.001)
                 chunk = conn.recv(MAX_MESSAGE)  # a long argv comes in more than one piece
                 if not chunk:
                     break
@@ -187,14 +211,18 @@ class Server:
             conn.close()
             return
         try:
-            pid, uid = _peer(conn)
-            if uid != os.getuid() or _namespaces(pid) != self.mine:
-                raise ValueError("refused: not a process of this user outside sandboxes")
+            if refused is not None:
+                raise ValueError(refused)
             command = self._check(data, fds)
         except (OSError, ValueError) as e:
             for fd in fds:
                 os.close(fd)
             _send(conn, {"error": str(e)})
+            conn.close()
+            return
+        if _hung_up(conn):  # it gave up waiting: it never learns of a fork, so none
+            for fd in fds:
+                os.close(fd)
             conn.close()
             return
         self._fork(conn, fds, command)
@@ -216,7 +244,10 @@ class Server:
             raise ValueError("only the shell's volatile variables may be passed")
         if not isinstance(argv0, str) or not (package is None or isinstance(package, str)):
             raise ValueError("argv0 and package must be strings")
-        return Command(argv, env, argv0, package)
+        ignored = message.get("ignored", [])
+        if not isinstance(ignored, list) or not all(i in RELAYED for i in ignored):
+            raise ValueError("only relayed signals may be ignored")
+        return Command(argv, env, argv0, package, [int(i) for i in ignored])
 
     def _fork(self, conn: socket.socket, fds: list[int], command: Command) -> None:
         pid = os.fork()
@@ -228,6 +259,8 @@ class Server:
             for fd in (self.wake_r, self.wake_w, self.lock_fd):
                 os.close(fd)
             _child(conn, fds, command)
+        with contextlib.suppress(OSError):  # (the child does it too: whoever is first)
+            os.setpgid(pid, pid)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
@@ -282,6 +315,26 @@ class Server:
             self.last = time.monotonic()
 
 
+def _hung_up(conn: socket.socket) -> bool:
+    """True when the caller has closed its end (it gave up waiting)."""
+    timeout = conn.gettimeout()
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        conn.settimeout(timeout)
+
+
+def unlink_if_ours(path: Path, ino: int) -> None:
+    with contextlib.suppress(OSError):
+        if os.lstat(path).st_ino == ino:
+            path.unlink()
+
+
 def serve(key: str, lock_fd: int, path: list[str]) -> None:
     """Run a warm process for ``key`` holding ``lock_fd`` until it has been idle long enough."""
     sys.path[:] = path
@@ -297,8 +350,15 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
     if problem is None and threading.active_count() != 1:
         problem = "an import started a thread (a fork would copy its held locks)"
     if problem is not None:  # no warm process for this key: callers stop starting one
-        (where / f"{key}.failed").write_text(problem + "\n")
+        with contextlib.suppress(OSError):
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(where / f"{key}.failed", flags, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(problem + "\n")
         return
+    from .cli.engine import not_dumpable
+
+    not_dumpable()  # it holds the API key: its /proc entries are closed to our own uid
     gc.collect()
     gc.freeze()  # the forked children do not dirty the preloaded objects' pages
     sock_path = where / f"{key}.sock"
@@ -314,11 +374,11 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
         if dir_fd is not None:
             os.close(dir_fd)
     listener.listen(64)
+    ino = os.lstat(sock_path).st_ino
     try:
-        Server(listener, sock_path, lock_fd).loop()
+        Server(listener, sock_path, ino, lock_fd).loop()
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            sock_path.unlink()  # new callers start their own; queued ones hear nothing, run alone
+        unlink_if_ours(sock_path, ino)  # (a later one's socket, after `rm -rf ~/.orch`, stays)
         listener.close()
         os.close(lock_fd)
     os._exit(0)  # nothing to tear down: the preloaded modules only cost time

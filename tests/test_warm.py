@@ -260,3 +260,85 @@ def test_a_warm_process_that_cannot_start_is_not_tried_again(
     assert list(where.glob("*.sock")) == []
     assert warm.run(["ps"]) is None  # the command runs alone, and starts nothing
     assert not (where / f"{k}.lock").exists()
+
+
+def _sleeping_run(w: Warm, *prefix: str) -> tuple[subprocess.Popen[str], int]:
+    """A foreground `orch task` whose agent sleeps: its caller and its command's pid."""
+    _script(w.repo.parent / "s.yaml",
+            {"tool_calls": [{"tool": "bash", "input": {"command": SLEEP}}]},
+            {"text": "never"})  # fmt: skip
+    argv = [*prefix, sys.executable, "-m", "orchestrator", "task", "go",
+            "--model", "scripted:../s.yaml"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=w.repo, env=w.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    store = open_store(w.repo)
+    [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
+    wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
+    assert run.pid is not None
+    return proc, run.pid
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_signals_the_caller_ignores_stay_ignored(w: Warm) -> None:
+    zygote = w.started()
+    # nohup-like: SIGHUP ignored by the caller is ignored by the command too
+    proc, pid = _sleeping_run(w, "sh", "-c", 'trap "" HUP; exec "$@"', "sh")
+    assert _parent(pid) == zygote
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    assert alive(pid) and proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in err
+
+
+def test_ctrl_z_stops_the_command_and_fg_goes_on(w: Warm) -> None:
+    w.started()
+    proc, pid = _sleeping_run(w)
+    proc.send_signal(signal.SIGTSTP)
+    wait_for(lambda: _state(pid) == "T" and _state(proc.pid) == "T", 10, "both stopped")
+    proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: _state(pid) != "T" and _state(proc.pid) != "T", 10, "both going on")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in err
+
+
+def test_a_refused_caller_runs_the_command_itself_with_its_signals(w: Warm) -> None:
+    zygote = w.started()
+    if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no network namespace here (unshare --net)")
+    proc, pid = _sleeping_run(w, "unshare", "--net")  # another namespace: refused
+    assert _parent(pid) != zygote and pid != zygote  # it runs in the caller's own process
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "interrupted" in err and proc.returncode in (130, 2), (proc.returncode, err)
+
+
+def test_limits_and_priority_are_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    base = warm.key()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512) - 1, hard))
+    try:
+        assert warm.key() != base  # `ulimit -n` differs: another warm process
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert warm.key() == base
+
+
+def test_a_closed_standard_stream_runs_the_command_alone(w: Warm) -> None:
+    zygote = w.started()
+    r = subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, "-m", "orchestrator",
+                        "result", "r-000000000000"], cwd=w.repo, env=w.env,
+                       capture_output=True, text=True)  # fmt: skip
+    alone = subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, "-m",
+                            "orchestrator", "result", "r-000000000000"], cwd=w.repo,
+                           env=w.env | {"ORCH_WARM_IDLE": "0"}, capture_output=True,
+                           text=True)  # fmt: skip
+    assert r.returncode == alone.returncode != 0
+    assert w.pids() == [zygote]

@@ -18,6 +18,8 @@ how: plain, under the OS sandbox, or in a container).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -76,6 +78,10 @@ async def run_confined(
     hidden = [home / p[2:] if p.startswith("~/") else Path(p) for p in cfg.hidden]
     if state := spec.options.get("state_dir"):
         hidden.append(Path(state))
+    # ~/.orch (the warm process's socket, user config) is hidden; a path that does not
+    # exist cannot be, and would show once made during the command: make it now
+    with contextlib.suppress(OSError):
+        (Path(os.environ.get("HOME") or home) / ".orch").mkdir(mode=0o700, exist_ok=True)
     box = OsSandbox(
         workspace=workspace,
         read_only_within=(*read_only_within, *ORCH_ITSELF),
