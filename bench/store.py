@@ -6,10 +6,8 @@ import json
 import os
 import resource
 import signal
-import socket
 import sqlite3
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -19,6 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator import warm  # noqa: E402
 from orchestrator.run import Activity, RunRecord, RunStatus, Usage  # noqa: E402
 from orchestrator.store import SqliteStore  # noqa: E402
 
@@ -104,13 +103,9 @@ def _fill(root: Path, n: int) -> None:
 def stop_warm(home: Path) -> None:
     """End the warm processes of ``home`` (their sockets' peers) and wait for them."""
     for path in (home / ".orch" / "warm").glob("*.sock"):
-        with socket.socket(socket.AF_UNIX) as s:
-            try:
-                s.connect(str(path))
-            except OSError:
-                continue
-            raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid = struct.unpack("3i", raw)[0]
+        pid = warm.owner(path)
+        if pid is None:
+            continue
         os.kill(pid, signal.SIGTERM)
         for _ in range(100):
             if not Path(f"/proc/{pid}").exists():

@@ -1,3 +1,21 @@
-from orchestrator.warm import main
+"""The ``orch`` command (and ``python -m orchestrator``): the warm process runs it if one
+answers (``warm.py``), else this process does."""
 
-main()
+import os
+import sys
+
+from orchestrator.warm import run
+
+
+def main() -> None:
+    code = run(sys.argv[1:])
+    if code is not None:
+        sys.stdout.flush()
+        os._exit(code)
+    from orchestrator.cli.main import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

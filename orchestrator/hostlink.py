@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .store import state_dir
+from .warm import try_lock
 
 START_TIMEOUT_S = 20.0  # racing launchers wait this long for a starting host to answer
 REPLY_TIMEOUT_S = 30.0  # the host builds the run's engine before it answers
@@ -111,17 +111,6 @@ def peer(sock: Any) -> tuple[int, int, int]:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return pid, uid, gid
-
-
-def try_lock(lock_path: Path) -> int | None:
-    """The host lock's descriptor if no host holds it (then the caller holds it), else None."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 class NoAnswer(HostUnavailable):

@@ -216,19 +216,25 @@ def _start(key_: str, lock_fd: int) -> None:
         )  # fmt: skip
 
 
-def _lock(lock_path: Path) -> int | None:
-    import fcntl
-
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        return None
+def try_lock(lock_path: Path) -> int | None:
+    """The lock's descriptor if nobody holds it (then the caller does), else None; OSError
+    when it cannot be opened (also for a symlink). Worker hosts use it too (``hostlink``)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         os.close(fd)
         return None
     return fd
+
+
+def owner(sock_path: Path) -> int | None:
+    """The pid of the process listening on ``sock_path`` (a warm process), if one does."""
+    sock = _connect(sock_path)
+    if sock is None:
+        return None
+    with sock:
+        return _peer(sock)[0]
 
 
 def run(argv: list[str]) -> int | None:
@@ -246,7 +252,9 @@ def run(argv: list[str]) -> int | None:
         with contextlib.suppress(OSError):  # one could not start here: not again for a day
             if time.time() - os.lstat(failed).st_mtime < FAILED_FOR_S:
                 return None
-        fd = _lock(where / f"{k}.lock")
+        fd = None
+        with contextlib.suppress(OSError):
+            fd = try_lock(where / f"{k}.lock")
         if fd is not None:  # none lives: start one for the next command
             _start(k, fd)
             os.close(fd)
@@ -377,14 +385,3 @@ def _wait_readable(fd: int) -> None:
     while not sel.select():
         pass
     sel.close()
-
-
-def main() -> None:
-    """The ``orch`` entry point: the warm process if one answers, else this process."""
-    code = run(sys.argv[1:])
-    if code is not None:
-        sys.stdout.flush()
-        os._exit(code)
-    from .cli.main import main as cli_main
-
-    cli_main()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -54,16 +52,7 @@ class Warm:
         return sorted(where.glob("*.sock")) if where.is_dir() else []
 
     def pids(self) -> list[int]:
-        found = []
-        for path in self.sockets():
-            with socket.socket(socket.AF_UNIX) as s:
-                try:
-                    s.connect(str(path))
-                except OSError:
-                    continue
-                raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-                found.append(struct.unpack("3i", raw)[0])
-        return found
+        return [pid for path in self.sockets() if (pid := warm.owner(path)) is not None]
 
     def started(self) -> int:
         """Start a warm process (a first command) and return its pid once it answers."""
