@@ -8,7 +8,7 @@ per command. The child takes the caller's working directory and its stdin, stdou
 stderr (passed as descriptors over a Unix socket, ``SCM_RIGHTS``), then runs the very
 same ``cli.main.main`` on the caller's argv; the caller relays signals to it and leaves
 with its exit status. When no warm process answers, the command runs in its own process
-as before, and starts a warm process for the next one (which exits after
+as before, and then (at its exit) starts a warm process for the next one (which exits after
 ``ORCH_WARM_IDLE`` seconds without a command, default 60; ``0`` or
 ``ORCH_WORKER_HOST=0`` turns it off). One that cannot start (an import fails) leaves
 ``KEY.failed`` saying why, and commands of that key run alone without trying again.
@@ -29,6 +29,7 @@ carries argv and the shell's volatile variables (``PWD``...), never an environme
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -216,6 +217,11 @@ def _start(key_: str, lock_fd: int) -> None:
         )  # fmt: skip
 
 
+def _start_then_close(key_: str, lock_fd: int) -> None:
+    _start(key_, lock_fd)
+    os.close(lock_fd)
+
+
 def try_lock(lock_path: Path) -> int | None:
     """The lock's descriptor if nobody holds it (then the caller does), else None; OSError
     when it cannot be opened (also for a symlink). Worker hosts use it too (``hostlink``)."""
@@ -255,9 +261,8 @@ def run(argv: list[str]) -> int | None:
         fd = None
         with contextlib.suppress(OSError):
             fd = try_lock(where / f"{k}.lock")
-        if fd is not None:  # none lives: start one for the next command
-            _start(k, fd)
-            os.close(fd)
+        if fd is not None:  # none lives: start one for the next command, once this one is
+            atexit.register(_start_then_close, k, fd)  # done (the two would share the CPUs)
         return None
     with sock:
         return _Relay(sock).run(argv)
