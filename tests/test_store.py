@@ -418,3 +418,27 @@ def test_reaping_never_kills_a_stranger_that_reuses_a_group_id() -> None:
     finally:
         stranger.kill()
         stranger.wait()
+
+
+_OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from orchestrator.store.sqlite import SqliteStore
+go = Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.001)
+SqliteStore(Path(sys.argv[2])).list_runs()
+"""
+
+
+def test_processes_opening_a_new_store_at_once_all_get_it(tmp_path: Path) -> None:
+    # the switch to WAL on a new file answers "locked" at once to all but one; it waits
+    for attempt in range(3):
+        go, db = tmp_path / f"go{attempt}", tmp_path / f"db{attempt}" / "orch.db"
+        db.parent.mkdir()
+        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(go), str(db)],
+                                  stderr=subprocess.PIPE, text=True) for _ in range(6)]  # fmt: skip
+        go.touch()
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err

@@ -21,6 +21,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,6 +113,23 @@ def _create_private(path: Path) -> None:
         os.close(fd)
 
 
+def _wal(conn: sqlite3.Connection, timeout_s: float = 30.0) -> None:
+    """Put the database in WAL mode. On a new file, processes opening it at once race for
+    the switch, and SQLite answers "locked" at once instead of waiting its busy timeout:
+    try again for up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
 class SqliteStore:
     """The :class:`~orchestrator.store.base.RunStore` over one SQLite file."""
 
@@ -136,7 +154,7 @@ class SqliteStore:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=30000")
             self._local.conn = conn
