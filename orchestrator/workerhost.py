@@ -142,10 +142,12 @@ class WorkerHost:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> dict[str, object] | None:
         pid, uid, _ = peer(writer.get_extra_info("socket"))
+        # read its line first, even to refuse it: closing with it unread would break the
+        # caller's pipe before it could read why
+        line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
         if uid != os.getuid():
             log(f"refused a connection of uid {uid} (pid {pid})")
             return {"ok": False, "error": "another user"}
-        line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
         if not line:
             return None  # a launcher checking that we answer
         try:
