@@ -25,16 +25,13 @@ import hashlib
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from .store import state_dir
-from .warm import try_lock
+from .warm import address, peer, try_lock
 
 START_TIMEOUT_S = 20.0  # racing launchers wait this long for a starting host to answer
 REPLY_TIMEOUT_S = 30.0  # the host builds the run's engine before it answers
@@ -90,27 +87,6 @@ def env_key(store: str | None = None) -> str:
 def paths(state: Path, key: str) -> tuple[Path, Path]:
     """(socket, lock file) of the host for ``key`` in the state dir ``state``."""
     return state / f"host-{key}.sock", state / f"host-{key}.lock"
-
-
-@contextlib.contextmanager
-def address(sock_path: Path) -> Iterator[str]:
-    """A path to bind or connect to: the path itself, or, when it is longer than a socket
-    address may be, the same file reached through an open descriptor of its directory."""
-    if len(os.fsencode(sock_path)) < 100:
-        yield str(sock_path)
-        return
-    fd = os.open(sock_path.parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{fd}/{sock_path.name}"
-    finally:
-        os.close(fd)
-
-
-def peer(sock: Any) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
 
 
 class NoAnswer(HostUnavailable):

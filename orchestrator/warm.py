@@ -15,8 +15,9 @@ as before, and then (at its exit) starts a warm process for the next one (which 
 
 What a command sees is what it would see in its own process: the environment is the
 same by construction (its digest, with the umask, the Python, ``sys.path``, the size
-and mtime of every orch source file and the installed distributions, names the socket:
-any difference means another warm process), the working directory and standard streams
+and mtime of every orch source file, the installed distributions, and what a process
+inherits besides (ids, groups, limits, priority, cgroup, CPUs, interpreter flags), names
+the socket: any difference means another warm process), the working directory and standard streams
 are the caller's own, and the warm process itself never starts a thread or an event
 loop, so a fork copies no held lock.
 
@@ -41,6 +42,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ VOLATILE_ENV = ("PWD", "OLDPWD", "SHLVL", "_")  # differ per shell; passed, neve
 # what a terminal or a shell sends to the foreground job; the command gets them all
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
            signal.SIGCONT)  # fmt: skip
-REPLY_TIMEOUT_S = 15.0  # to the fork; past it the command runs alone
+REPLY_TIMEOUT_S = 15.0  # to the fork; past it the caller says which pid to end
 FAILED_FOR_S = 24 * 3600.0
 NAMESPACES = ("mnt", "pid", "net", "user")
 MAX_MESSAGE = 256 * 1024
@@ -68,7 +70,7 @@ def enabled(argv: list[str]) -> bool:
     """Linux, not turned off, and a user command (internal ``_...`` ones run as they are)."""
     if sys.platform != "linux" or os.environ.get("ORCH_WORKER_HOST", "1") == "0":
         return False
-    return idle_seconds() > 0 and not any(a.startswith("_") for a in argv[:1])
+    return idle_seconds() > 0 and not (argv and argv[0].startswith("_"))
 
 
 def _umask() -> str:
@@ -127,7 +129,8 @@ def warm_dir() -> Path | None:
         return None
     path = Path(home) / ".orch" / "warm"
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)  # (parents=True would make it 0755)
+        path.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(path)
     except OSError:
         return None
@@ -136,19 +139,26 @@ def warm_dir() -> Path | None:
     return path if st.st_mode & 0o077 == 0 else None
 
 
-def _address(sock_path: Path) -> tuple[str, int | None]:
-    """A name to bind or connect to (the path, or the path through an open directory
-    descriptor when it is too long for a socket address) and that descriptor."""
+@contextlib.contextmanager
+def address(sock_path: Path) -> Iterator[str]:
+    """A path to bind or connect to: the path itself, or, when it is longer than a socket
+    address may be, the same file reached through an open descriptor of its directory.
+    (The worker host's socket uses it too.)"""
     if len(os.fsencode(sock_path)) < 100:
-        return str(sock_path), None
+        yield str(sock_path)
+        return
     fd = os.open(sock_path.parent, os.O_PATH | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{sock_path.name}", fd
+    try:
+        yield f"/proc/self/fd/{fd}/{sock_path.name}"
+    finally:
+        os.close(fd)
 
 
-def _peer(sock: socket.socket) -> tuple[int, int]:
+def peer(sock: Any) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", raw)
-    return pid, uid
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
 
 
 def _namespaces(pid: int | str) -> list[str]:
@@ -188,16 +198,13 @@ class _Lines:
 
 def _connect(sock_path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    name, fd = _address(sock_path)
     try:
-        sock.connect(name)
+        with address(sock_path) as name:
+            sock.connect(name)
     except OSError:
         sock.close()
         return None
-    finally:
-        if fd is not None:
-            os.close(fd)
-    if _peer(sock)[1] != os.getuid():
+    if peer(sock)[1] != os.getuid():
         sock.close()
         return None
     return sock
@@ -240,7 +247,7 @@ def owner(sock_path: Path) -> int | None:
     if sock is None:
         return None
     with sock:
-        return _peer(sock)[0]
+        return peer(sock)[0]
 
 
 def run(argv: list[str]) -> int | None:
@@ -352,7 +359,7 @@ class _Relay:
         lines = _Lines(self.sock)
         started = lines.next()  # within REPLY_TIMEOUT_S
         if started is None:  # it may have forked: never run the command a second time
-            owner = _peer(self.sock)[0]
+            owner = peer(self.sock)[0]
             print(f"orch: the warm process (pid {owner}) did not answer; end it (kill {owner}) "
                   "or set ORCH_WORKER_HOST=0 to run commands in their own process",
                   file=sys.stderr)  # fmt: skip

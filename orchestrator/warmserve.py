@@ -5,7 +5,7 @@ live commands and a self-pipe for ``SIGCHLD``. Per command: check the peer, take
 and four descriptors (working directory, stdin, stdout, stderr), fork; the child becomes
 the command (``cli.main.main`` with those), the parent answers ``{"pid": ...}``, relays
 the caller's signals to the child's process group, and answers ``{"exit": n}`` or
-``{"signal": n}`` (with the child's CPU time and peak RSS) when it is reaped. A caller
+``{"signal": n}`` when it is reaped. A caller
 that hangs up takes its command with it (``SIGTERM``, as a terminal's end would). The
 process exits ``ORCH_WARM_IDLE`` seconds after its last command, removing its socket.
 """
@@ -34,11 +34,11 @@ from .warm import (
     MAX_MESSAGE,
     RELAYED,
     VOLATILE_ENV,
-    _address,
     _namespaces,
-    _peer,
     _send,
+    address,
     idle_seconds,
+    peer,
     warm_dir,
 )
 
@@ -168,8 +168,7 @@ class Server:
             with contextlib.suppress(OSError):
                 while True:
                     conn, _ = self.listener.accept()  # (raises once the backlog is empty)
-                    _send(conn, {"error": "the warm process is leaving"})
-                    conn.close()
+                    _drop(conn, [], "the warm process is leaving")
 
     def _drain(self) -> bytes:
         got = b""
@@ -184,12 +183,11 @@ class Server:
         except OSError:
             return
         if self.stopped:  # past the end: say so, the caller runs the command itself
-            _send(conn, {"error": "the warm process is leaving"})
-            conn.close()
+            _drop(conn, [], "the warm process is leaving")
             return
         refused = None
         try:
-            pid, uid = _peer(conn)
+            pid, uid, _ = peer(conn)
             if uid != os.getuid() or _namespaces(pid) != self.mine:
                 refused = "refused: not a process of this user outside sandboxes"
         except OSError:
@@ -206,24 +204,17 @@ class Server:
                     break
                 data += chunk
         except OSError:
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+            _drop(conn, fds)
             return
         try:
             if refused is not None:
                 raise ValueError(refused)
             command = self._check(data, fds)
         except (OSError, ValueError) as e:
-            for fd in fds:
-                os.close(fd)
-            _send(conn, {"error": str(e)})
-            conn.close()
+            _drop(conn, fds, str(e))
             return
         if _hung_up(conn):  # it gave up waiting: it never learns of a fork, so none
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+            _drop(conn, fds)
             return
         self._fork(conn, fds, command)
 
@@ -291,7 +282,7 @@ class Server:
     def _reap(self) -> None:
         while True:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -299,20 +290,25 @@ class Server:
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
-            ended: dict[str, Any] = {
-                "cpu_ms": round((usage.ru_utime + usage.ru_stime) * 1000, 1),
-                "maxrss_kib": usage.ru_maxrss,
-            }
             if os.WIFSIGNALED(status):
-                ended["signal"] = os.WTERMSIG(status)
+                _send(conn, {"signal": os.WTERMSIG(status)})
             else:
-                ended["exit"] = os.waitstatus_to_exitcode(status)
-            _send(conn, ended)
+                _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(conn)
             self.buffers.pop(conn, None)
             conn.close()
             self.last = time.monotonic()
+
+
+def _drop(conn: socket.socket, fds: list[int], error: str | None = None) -> None:
+    """Run nothing for this caller: close what it sent, tell it why (when there is a why:
+    then it runs the command itself), hang up."""
+    for fd in fds:
+        os.close(fd)
+    if error is not None:
+        _send(conn, {"error": error})
+    conn.close()
 
 
 def _hung_up(conn: socket.socket) -> bool:
@@ -365,14 +361,12 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()  # left by a dead one: we hold the lock
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    name, dir_fd = _address(sock_path)
     old = os.umask(0o177)
     try:
-        listener.bind(name)
+        with address(sock_path) as name:
+            listener.bind(name)
     finally:
         os.umask(old)
-        if dir_fd is not None:
-            os.close(dir_fd)
     listener.listen(64)
     ino = os.lstat(sock_path).st_ino
     try:

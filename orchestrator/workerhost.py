@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from .background import Supervisor, me, own_worker
 from .errors import OrchError
-from .hostlink import MAX_LINE, address, paths, peer
+from .hostlink import MAX_LINE, paths
 from .paths import project_root
 from .run import RunRecord, RunStatus
 from .store import RunStore, state_dir
+from .warm import address, peer
 from .workspaces.base import process_start
 
 if TYPE_CHECKING:

@@ -35,6 +35,13 @@ def execs(container_id: str) -> int:
     return len(json.loads(out)[0]["ExecIDs"] or [])
 
 
+def kept(repo: Path, ws: ContainerWorkspace, path: str) -> str:
+    """The file ``path`` on the branch the closed workspace left, nothing else left over."""
+    [art] = ws.artifacts()
+    assert leftovers(repo) == []
+    return sh(repo, "show", f"{art['branch']}:{path}")
+
+
 def test_file_tools_and_the_export_need_no_exec_each(repo: Path, sandbox_image: str) -> None:
     spec = spec_for(repo, image=sandbox_image)
 
@@ -73,10 +80,7 @@ def test_a_pool_claim_fills_the_workspace_without_an_exec(repo: Path, sandbox_im
                 ws.set_outcome(RunOutcome("succeeded", "pooled"))
         return ws
 
-    ws = asyncio.run(body())
-    [art] = ws.artifacts()
-    assert sh(repo, "show", f"{art['branch']}:p.txt") == "pooled"
-    assert leftovers(repo) == []
+    assert kept(repo, asyncio.run(body()), "p.txt") == "pooled"
 
 
 def test_a_killed_server_costs_nothing_but_time(repo: Path, sandbox_image: str) -> None:
@@ -95,10 +99,7 @@ def test_a_killed_server_costs_nothing_but_time(repo: Path, sandbox_image: str) 
             ws.set_outcome(RunOutcome("succeeded", "after the kill"))
         return ws
 
-    ws = asyncio.run(body())
-    [art] = ws.artifacts()
-    assert sh(repo, "show", f"{art['branch']}:b.txt") == "two"
-    assert leftovers(repo) == []
+    assert kept(repo, asyncio.run(body()), "b.txt") == "two"
 
 
 @pytest.mark.parametrize(
@@ -133,7 +134,4 @@ def test_words_forged_into_the_servers_stream_are_not_trusted(
             ws.set_outcome(RunOutcome("succeeded", "forged"))
         return ws
 
-    ws = asyncio.run(body())
-    [art] = ws.artifacts()
-    assert sh(repo, "show", f"{art['branch']}:b.txt") == "two"
-    assert leftovers(repo) == []
+    assert kept(repo, asyncio.run(body()), "b.txt") == "two"

@@ -11,6 +11,7 @@ call by an exec of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -177,18 +178,23 @@ class Server:
         self.close()
 
 
+@functools.cache
+def _source() -> str:
+    """The text of :mod:`.boxserve`, run in the container as ``python3 -u -c``."""
+    from . import boxserve
+
+    return Path(boxserve.__file__).read_text()
+
+
 def start_server(
     client: Any, container_id: str, user: str, workdir: str, *, wait: bool = False
 ) -> Server | None:
     """Start :mod:`.boxserve` in a long-lived exec of the container (blocking, a few ms:
     the engine starts the process meanwhile; with ``wait``, until it greeted, so that a
     first call finds it ready). None when it could not be started or did not greet."""
-    from . import boxserve
-
     api = client.api
     try:
-        source = Path(boxserve.__file__).read_text()
-        made = api.exec_create(container_id, ["python3", "-u", "-c", source], stdin=True,
+        made = api.exec_create(container_id, ["python3", "-u", "-c", _source()], stdin=True,
                                stdout=True, stderr=True, workdir=workdir, user=user)  # fmt: skip
         server = Server(api, container_id, str(made["Id"]), api.exec_start(made["Id"], socket=True))
     except Exception:  # noqa: BLE001 - no server: calls use execs

@@ -203,10 +203,9 @@ class Sandbox:
             raise OrchError(self.dead)
         server = self.server if via_server else None
         if server is not None and isinstance(stdin, bytes):
-            data: bytes = stdin
             try:
                 got = await await_shielded(asyncio.to_thread(
-                    server.call, list(argv), data, dict(env or {}), out_cap, timeout_s, out_file
+                    server.call, list(argv), stdin, dict(env or {}), out_cap, timeout_s, out_file
                 ))  # fmt: skip
                 if got.overflow or got.timed_out:
                     self.server = None  # killed with its program: the next call by an exec
