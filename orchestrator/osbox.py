@@ -28,33 +28,29 @@ rest of the namespace.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .bwrapfind import FIX, BwrapChoice, bwrap_choice, chosen
 from .errors import OrchError
 
 __all__ = [
     "ENV_WHITELIST",
+    "BwrapChoice",
     "FIX",
     "HOME_SECRETS",
     "OsSandbox",
     "SandboxUnavailable",
     "available",
+    "bwrap_choice",
     "default_hidden",
     "is_secret_name",
     "sandbox_env",
 ]
-
-FIX = (
-    'install bubblewrap (apt-get install bubblewrap), or set sandbox.os = "off" '
-    "in orch.toml to run unsandboxed"
-)
 
 ENV_WHITELIST = frozenset(
     {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME", "SHELL",
@@ -73,7 +69,6 @@ HOME_SECRETS = (
 PRIVATE_TMP = Path("/tmp")
 PRIVATE_RUN = Path("/run")  # sockets that hand out root (docker.sock), D-Bus, systemd
 RESOLV_CONF = Path("/etc/resolv.conf")
-PROBE_TIMEOUT_S = 15.0
 
 
 class SandboxUnavailable(OrchError):
@@ -120,46 +115,10 @@ def default_hidden(home: Path | None = None, *more: Path) -> tuple[Path, ...]:
 # -- availability ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Probe:
-    bwrap: str | None
-    reason: str | None
-    userns: tuple[str, ...]  # flags that worked here: a user namespace with nesting off
-
-
-def _try(bwrap: str, flags: Sequence[str]) -> str | None:
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
-            *flags, "--", "true"]  # fmt: skip
-    try:
-        out = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False,
-            env={"PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    if out.returncode == 0:
-        return None
-    lines = (out.stderr or out.stdout).strip().splitlines()
-    return lines[-1] if lines else f"exit status {out.returncode}"
-
-
-@functools.cache
-def _probe() -> _Probe:
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return _Probe(None, f"bwrap (bubblewrap) is not installed: {FIX}", ())
-    userns = ("--unshare-user", "--disable-userns")
-    if _try(bwrap, [*userns, "--cap-drop", "ALL"]) is None:
-        return _Probe(bwrap, None, userns)
-    error = _try(bwrap, ["--cap-drop", "ALL"])
-    if error is None:
-        return _Probe(bwrap, None, ())
-    return _Probe(None, f"bwrap cannot create a sandbox here ({error}): {FIX}", ())
-
-
-def available() -> str | None:
-    """None when bwrap works here, else a one-line reason naming the fix (checked once)."""
-    return _probe().reason
+def available(setting: str = "auto") -> str | None:
+    """None when the bwrap ``setting`` picks works here, else a one-line reason naming the
+    cause and the fixes (probed once per setting: ``bwrapfind``)."""
+    return bwrap_choice(setting).reason
 
 
 # -- the sandbox -------------------------------------------------------------------
@@ -189,6 +148,7 @@ class OsSandbox:
     hidden: tuple[Path, ...] = ()
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    bwrap: str = "auto"  # sandbox.bwrap: which bwrap runs it (``bwrapfind``)
 
     def __post_init__(self) -> None:
         for name in self.env:
@@ -249,15 +209,15 @@ class OsSandbox:
         stop it (``run_process`` does both). Raises :class:`SandboxUnavailable`
         when bwrap does not work here.
         """
-        probe = _probe()
-        if probe.bwrap is None:
-            raise SandboxUnavailable(probe.reason or FIX)
+        found = chosen(self.bwrap)
+        if found.choice.path is None:
+            raise SandboxUnavailable(found.choice.reason or FIX)
         if not argv:
             raise ValueError("nothing to run")
         envprog = shutil.which("env") or "/usr/bin/env"
-        out = [envprog, "-i", probe.bwrap, *self.mounts()]
+        out = [envprog, "-i", found.choice.path, *self.mounts()]
         out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        out += [*probe.userns, "--cap-drop", "ALL"]
+        out += [*found.userns, "--cap-drop", "ALL"]
         if not self.network:
             out.append("--unshare-net")
         out += ["--die-with-parent", "--new-session", "--chdir", str(_absolute(cwd))]

@@ -19,6 +19,8 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 ``store``                  a run store URL differing from the user's: every prompt, output
                            and transcript would go to that server (recorded without password)
 ``sandbox.os``             ``"off"``
+``sandbox.bwrap``          a path (not ``auto``, ``system``, ``bundled``) other than the user's:
+                           that program would run on the host
 ``sandbox.network_mode``   anything but ``"none"`` (or the user's own value)
 ``sandbox.cap_drop``       drops a capability (``ALL`` by default)
 ``sandbox.security_opt``   any change (``no-new-privileges`` by default)
@@ -77,6 +79,7 @@ from pydantic import BaseModel
 from .errors import UsageError
 
 TRUST_FILE = "trusted.json"
+_BWRAP_KEYWORDS = ("auto", "system", "bundled")  # sandbox.bwrap values anyone may choose
 VERSION = 1
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 # The top-level keys of orch.toml that hold gated settings (``sandbox`` for its gated keys).
@@ -254,6 +257,8 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
         check("store", redact(theirs.store), True)
     t, b = theirs.sandbox, base.sandbox
     check("sandbox.os", t.os, t.os == "off" and b.os != "off")
+    # a bwrap of the repository's choosing would run on the host: a path, unless it is the user's
+    check("sandbox.bwrap", t.bwrap, t.bwrap not in _BWRAP_KEYWORDS and t.bwrap != b.bwrap)
     check(
         "sandbox.network_mode",
         t.network_mode,

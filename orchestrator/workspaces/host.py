@@ -26,7 +26,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from ..config import SandboxSettings
-from ..osbox import OsSandbox, SandboxUnavailable, available, default_hidden, sandbox_env
+from ..osbox import (
+    OsSandbox,
+    SandboxUnavailable,
+    available,
+    bwrap_choice,
+    default_hidden,
+    sandbox_env,
+)
 from ..safefs import Beneath, UnsafePath
 from .base import FileRead, ProcessResult, WorkspaceSpec, run_process
 
@@ -51,9 +58,24 @@ def os_sandbox_mode(spec: WorkspaceSpec) -> str:
     """``os_sandbox_of``; raises SandboxUnavailable (the fix in one line) when bwrap is
     asked for and cannot run here: a host tier fails closed at start."""
     mode = os_sandbox_of(spec)
-    if mode == "bwrap" and (reason := available()) is not None:
+    if mode == "bwrap" and (reason := available(bwrap_setting_of(spec))) is not None:
         raise SandboxUnavailable(reason)
     return mode
+
+
+def bwrap_setting_of(spec: WorkspaceSpec) -> str:
+    """The run's ``sandbox.bwrap``."""
+    sandbox = spec.options.get("sandbox") or {}
+    return str(sandbox.get("bwrap", SandboxSettings.model_fields["bwrap"].default))
+
+
+def bwrap_record(spec: WorkspaceSpec) -> dict[str, str | None] | None:
+    """Which bwrap runs the run's host-tier commands (path, version, source) for the run
+    record; None when the OS sandbox is off."""
+    if os_sandbox_of(spec) != "bwrap":
+        return None
+    choice = bwrap_choice(bwrap_setting_of(spec))
+    return {"path": choice.path, "version": choice.version, "source": choice.source}
 
 
 async def run_confined(
@@ -88,6 +110,7 @@ async def run_confined(
         hidden=default_hidden(None, *hidden),
         network=spec.options.get("network") == "host",
         env=box_env,
+        bwrap=cfg.bwrap,
     )
     return await run_process(
         box.wrap(argv, workspace),
