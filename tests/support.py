@@ -12,16 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from orchestrator.config import Settings
 from orchestrator.definitions import Catalog, load_catalog
 from orchestrator.models import ModelProvider, ScriptedModel
+from orchestrator.osbox import bwrap_choice
 from orchestrator.run import RunRecord
 from orchestrator.runner import Provision, Runner
 from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.registry import tier_config
+
+RUN_DEADLINE_S = 300.0  # no test's run takes this long: it hangs
 
 
 @dataclass
@@ -50,7 +54,9 @@ class Harness:
         )
 
     def run(self, prompt: str = "do the thing", **kwargs: Any) -> RunRecord:
-        return asyncio.run(self.runner.run(self.spec(prompt, **kwargs)))
+        """The run, to its end; a run that does not end in RUN_DEADLINE_S fails the test."""
+        run = self.runner.run(self.spec(prompt, **kwargs))
+        return asyncio.run(asyncio.wait_for(run, RUN_DEADLINE_S))
 
     def runs(self, chain_id: str) -> list[RunRecord]:
         return self.store.list_runs(chain_id=chain_id)
@@ -116,6 +122,19 @@ def orch(
         timeout=timeout,
         check=False,
     )
+
+
+def need_bwrap(setting: str = "auto") -> str:
+    """The path of the bwrap ``setting`` picks (``$ORCH_BWRAP`` wins: the suite sets it to
+    "bundled", tests/conftest.py); skips with the reason where it cannot make a sandbox,
+    fails instead under CI=true."""
+    found = bwrap_choice(setting)
+    if found.path is None:
+        which = os.environ.get("ORCH_BWRAP") or setting
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but the OS sandbox ({which} bwrap) cannot run: {found.reason}")
+        pytest.skip(f"the OS sandbox ({which} bwrap) cannot run here: {found.reason}")
+    return found.path
 
 
 def write_script(where: Path, data: dict[str, Any], name: str = "script.yaml") -> Path:

@@ -22,7 +22,7 @@ from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 
 async def _run(runner: Runner, provider: ModelProvider, prompt: str, root: Path) -> RunRecord:
     async with provider:
-        return await runner.run(RunSpec(prompt=prompt, workdir=root))
+        return await asyncio.wait_for(runner.run(RunSpec(prompt=prompt, workdir=root)), 300)
 
 
 def _agent_of(body: dict[str, Any]) -> tuple[str, int]:

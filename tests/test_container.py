@@ -317,7 +317,7 @@ def test_limits_contain_a_fork_bomb_and_a_memory_hog(repo: Path, sandbox_image: 
             cid = ws.container_id
             await ws.exec("bomb() { bomb | bomb & }; bomb; sleep 2", timeout_s=6, env={})
             host = await asyncio.create_subprocess_exec("true")
-            assert await host.wait() == 0  # the host can still fork
+            assert await asyncio.wait_for(host.wait(), 30) == 0  # the host can still fork
             assert _refused_forks(cid) != 0  # forks were refused at the limit
             ok = await ws.exec("echo alive", timeout_s=10, env={})
             assert ok.exit_code == 0 and "alive" in ok.output
@@ -422,7 +422,7 @@ def test_failed_and_cancelled_runs_leave_no_container(repo: Path, sandbox_image:
         await asyncio.to_thread(wait_for, lambda: "yes" in inside(cid, started))
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await job
+            await asyncio.wait_for(job, 120)
         return run_id
 
     run_id = asyncio.run(cancel_midway())
@@ -470,7 +470,7 @@ def test_pool_claim_is_fast_and_leaves_nothing(repo: Path, sandbox_image: str) -
 
 def test_reap_by_label_removes_only_containers_of_dead_owners(repo: Path) -> None:
     dead = subprocess.Popen(["true"])
-    dead.wait()
+    dead.wait(30)
     cfg = SandboxSettings(image=BUSYBOX)
     client = docker_client()
     try:

@@ -195,7 +195,7 @@ def test_host_git_never_runs_what_the_container_wrote(
     spec = h2.spec("go on").model_copy(
         update={"workspace": ContainerConfig(branch=art["branch"], base=art["base"])}
     )
-    rec2: RunRecord = asyncio.run(h2.runner.run(spec))
+    rec2: RunRecord = asyncio.run(asyncio.wait_for(h2.runner.run(spec), 300))
     assert rec2.status == RunStatus.SUCCEEDED, rec2.error
     assert [a["branch"] for a in rec2.artifacts] == [art["branch"]]
     assert sh(repo, "show", f"{art['branch']}:work.txt") == "work\nagain"

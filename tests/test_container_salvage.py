@@ -234,7 +234,7 @@ def test_worktrees_prune_drops_stale_checkpoints_and_bundle_refs(tmp_path: Path)
     repo = make_repo(tmp_path / "proj")
     head = sh(repo, "rev-parse", "HEAD")
     dead = subprocess.Popen(["true"])
-    dead.wait()
+    dead.wait(30)
     stale = ["refs/orch/checkpoints/r-ended-long-ago", f"refs/orch/in/{dead.pid}-{head}"]
     live = f"refs/orch/in/{os.getpid()}-{head}"  # a process that is still making a bundle
     for ref in [*stale, live]:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from orchestrator.run import RunRecord, RunStatus
 from tests.support import harness, none_left, task_call, tool_results
@@ -347,7 +351,7 @@ def test_child_timeout_returns_partial_output(project: Path) -> None:
         ]
     }
     h = harness(project, script, timeout_seconds=1.0)
-    root = asyncio.run(h.runner.run(h.spec("go", timeout_seconds=30)))
+    root = asyncio.run(asyncio.wait_for(h.runner.run(h.spec("go", timeout_seconds=30)), 120))
     child = h.store.children(root.run_id)[0]
     assert child.status == RunStatus.TIMED_OUT
     result = tool_results(h.requests_of(root.run_id)[-1])[0]
@@ -423,7 +427,7 @@ def test_cancel_reaches_every_descendant(project: Path) -> None:
                 break
         job.cancel()
         try:
-            await job
+            await asyncio.wait_for(job, 60)
         except asyncio.CancelledError:
             pass
         return (project / "pid.txt").read_text().strip()
@@ -459,13 +463,51 @@ def test_cancelling_one_child_leaves_its_parent_running(project: Path) -> None:
 
     async def main() -> RunRecord:
         job = asyncio.create_task(h.runner.run(h.spec("go")))
+        deadline = time.monotonic() + 30
         while not (project / "up").exists():  # noqa: ASYNC110 - a file from another process
+            assert not job.done(), f"the run ended before its child started: {job.result()}"
+            assert time.monotonic() < deadline, "the child's command did not start in 30 s"
             await asyncio.sleep(0.05)
         (child_id,) = [r for r in h.runner.jobs if h.store.require_run(r).depth == 1]
         h.runner.jobs[child_id].cancel()  # as `orch cancel <child>` does through the store
-        return await job
+        return await asyncio.wait_for(job, 60)
 
     root = asyncio.run(main())
     assert root.status == RunStatus.SUCCEEDED and root.output == "parent went on"
     (child,) = h.store.children(root.run_id)
     assert child.status == RunStatus.CANCELLED
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_child_whose_sandbox_cannot_start_fails_and_its_parent_goes_on(
+    project: Path, monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
+    """The OS sandbox works for the parent, then not for its child (as when namespaces run
+    out): the child fails at start with the reason, the parent hears it and ends."""
+    from orchestrator.osbox import available as real
+
+    starts: list[str] = []
+
+    def available(setting: str) -> str | None:
+        starts.append(setting)
+        return real(setting) if len(starts) == 1 else "no namespaces here: the fix"
+
+    monkeypatch.setattr("orchestrator.workspaces.host.available", available)
+    call = task_call("child", run_in_background=True) if background else task_call("child")
+    after: list[dict[str, Any]] = [{"text": "parent went on"}]
+    if background:  # it waits for the child's notification, then ends
+        after = [{"tool_calls": [{"tool": "bash", "input": {"command": "sleep 1"}}]}, *after]
+    script = {
+        "conversations": [
+            {"depth": 0, "turns": [{"tool_calls": [call]}, *after]},
+            {"depth": 1, "turns": [{"text": "never"}]},
+        ]
+    }
+    h = harness(project, script)
+    root = h.run("go")
+    assert root.status == RunStatus.SUCCEEDED and root.output == "parent went on"
+    (child,) = h.store.children(root.run_id)
+    assert child.status == RunStatus.FAILED and child.error == "no namespaces here: the fix"
+    said = json.dumps([r.messages[-1] for r in h.requests_of(root.run_id)])
+    assert "no namespaces here: the fix" in said
+    assert len(starts) == 2 and h.requests_of(child.run_id) == []

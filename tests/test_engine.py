@@ -317,7 +317,9 @@ def test_a_deep_fan_out_never_has_more_runs_working_than_the_chain_allows(
     tmp_path: Path,
 ) -> None:
     runner, model = _fan_runner(tmp_path, 25, max_chain_running=20, max_chain_runs=1000)
-    root = asyncio.run(runner.run(RunSpec(prompt="fan out", workdir=tmp_path)))
+    root = asyncio.run(
+        asyncio.wait_for(runner.run(RunSpec(prompt="fan out", workdir=tmp_path)), 300)
+    )
     assert root.status == RunStatus.SUCCEEDED, root.error
     runs = runner.store.list_runs(chain_id=root.chain_id)
     assert len(runs) == 1 + 25 + 25 * 25
@@ -329,7 +331,9 @@ def test_a_deep_fan_out_never_has_more_runs_working_than_the_chain_allows(
 
 def test_chain_budgets_refuse_with_the_budgets_name(tmp_path: Path) -> None:
     runner, _ = _fan_runner(tmp_path, 5, max_chain_runs=8)
-    root = asyncio.run(runner.run(RunSpec(prompt="fan out", workdir=tmp_path)))
+    root = asyncio.run(
+        asyncio.wait_for(runner.run(RunSpec(prompt="fan out", workdir=tmp_path)), 300)
+    )
     assert root.status == RunStatus.SUCCEEDED, root.error
     runs = runner.store.list_runs(chain_id=root.chain_id)
     assert len(runs) == 8

@@ -9,6 +9,7 @@ work (git status, python, writes in the workspace) still works.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -48,6 +49,7 @@ def outputs(h: Any, run_id: str, turn: int) -> list[str]:
     return [r["content"] for r in tool_results(h.requests_of(run_id)[turn])]
 
 
+@pytest.mark.usefixtures("each_bwrap")
 def test_worktree_child_cannot_write_outside_its_worktree(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,17 +193,27 @@ def test_nested_orch_is_refused_past_the_depth_limit(project: Path) -> None:
     assert len(h.store.list_runs()) == 1
 
 
-def test_without_bwrap_a_host_run_fails_closed(
-    project: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("isolation", ["shared", "worktree"])
+def test_without_a_working_bwrap_a_host_run_fails_closed(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolation: str
 ) -> None:
-    monkeypatch.setattr("orchestrator.workspaces.host.available", lambda setting: osbox.FIX)
+    """A bwrap that cannot make namespaces (as where user namespaces are off): the run
+    fails at start with one line naming the bwrap, its error and the fixes; nothing runs."""
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("ORCH_BWRAP", str(fake))
     script = {"conversations": [{"turns": [{"tool_calls": [bash("echo hi")]}, {"text": "x"}]}]}
-    h = harness(project, script)
-    root = h.run()
+    h = harness(repo, script)
+    root = h.run(isolation=isolation)
     assert root.status == RunStatus.FAILED
-    assert root.error is not None and "install bubblewrap" in root.error
-    assert 'sandbox.os = "off"' in root.error and "\n" not in root.error
+    assert root.error is not None and "\n" not in root.error
+    assert f"bwrap {fake} cannot create a sandbox here" in root.error
+    assert "No permissions to create new namespace" in root.error
+    assert "fix:" in root.error and 'sandbox.os = "off"' in root.error
     assert h.model.requests == []  # nothing ran
+    assert git(repo, "branch", "--list", "orch/*") == ""  # and no worktree was left
 
 
 def test_network_per_agent_definition_needs_trust_from_a_repository(project: Path) -> None:
@@ -263,7 +275,6 @@ def test_the_real_sdk_path_keeps_the_key_and_the_checkout_out_of_reach(
 ) -> None:
     """The same attacks through the real `anthropic` SDK against a fake Messages API: the
     key the SDK holds never reaches a command, and a worktree run writes only its worktree."""
-    import asyncio
 
     from orchestrator.config import Settings
     from orchestrator.definitions import load_catalog
@@ -299,7 +310,7 @@ def test_the_real_sdk_path_keeps_the_key_and_the_checkout_out_of_reach(
         async def go() -> Any:
             async with provider:
                 spec = RunSpec(prompt="go", workdir=repo, workspace=WorktreeConfig())
-                return await runner.run(spec)
+                return await asyncio.wait_for(runner.run(spec), 300)
 
         root = asyncio.run(go())
         assert root.status == RunStatus.SUCCEEDED, root.error

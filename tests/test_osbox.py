@@ -1,6 +1,8 @@
 """The bubblewrap sandbox, with real bwrap: every test runs real commands through ``wrap()``.
 
-Skipped when bwrap cannot work here, except under ``CI=true`` where that fails.
+The suite's bwrap is the bundled one (tests/conftest.py); the core confinement tests run
+again with the system's (``each_bwrap``). Skipped when that bwrap cannot work here, except
+under ``CI=true`` where that fails.
 The commands are started with the test's full environment on purpose: nothing of
 it may reach the sandbox except the whitelisted variables.
 """
@@ -53,7 +55,9 @@ def need_bwrap() -> None:
 def make(workspace: Path, **kw: Any) -> OsSandbox:
     """A sandbox for a test that runs real commands (skips without a working bwrap)."""
     need_bwrap()
-    return OsSandbox(workspace=workspace, env=sandbox_env(os.environ, CHAIN), **kw)
+    box = OsSandbox(workspace=workspace, env=sandbox_env(os.environ, CHAIN), **kw)
+    assert box.wrap(["true"], workspace)[2] == osbox.bwrap_choice().path  # env -i BWRAP ...
+    return box
 
 
 def sh(box: OsSandbox, script: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -100,6 +104,7 @@ def under_tmp(path: Path) -> bool:
 # -- filesystem ------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("each_bwrap")
 def test_writes_stay_in_the_workspace(base: Path) -> None:
     ws = base / "a" / "ws"
     sibling = base / "sibling"
@@ -132,6 +137,7 @@ def test_writes_stay_in_the_workspace(base: Path) -> None:
             host.unlink(missing_ok=True)
 
 
+@pytest.mark.usefixtures("each_bwrap")
 def test_read_only_within_cannot_be_changed(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     (ws / ".git" / "hooks").mkdir(parents=True)
@@ -167,6 +173,7 @@ def test_read_only_within_cannot_be_changed(tmp_path: Path) -> None:
     assert sh(box, "echo fine > sub/file").returncode == 0  # the rest stays writable
 
 
+@pytest.mark.usefixtures("each_bwrap")
 def test_hidden_paths_show_nothing(tmp_path: Path) -> None:
     home = Path(os.environ["HOME"])  # a tmp dir (conftest); made visible below on purpose
     secret = f"secret-{uuid.uuid4().hex}"
@@ -209,6 +216,7 @@ def test_hidden_paths_show_nothing(tmp_path: Path) -> None:
 # -- environment and processes ------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("each_bwrap")
 def test_environment_shows_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     monkeypatch.setenv("ORCH_TEST_SECRET", marker)
@@ -268,6 +276,7 @@ async def wait_for(condition: Any, timeout_s: float) -> bool:
     return bool(condition())
 
 
+@pytest.mark.usefixtures("each_bwrap")
 def test_killing_the_group_ends_detached_grandchildren(tmp_path: Path) -> None:
     token = f"300.{random.randrange(10**8)}"  # a command line no other process has
     box = make(tmp_path)
@@ -282,7 +291,7 @@ def test_killing_the_group_ends_detached_grandchildren(tmp_path: Path) -> None:
         assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"started\n"
         assert await wait_for(lambda: len(sleepers(token)) == 2, 10), sleepers(token)
         os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        await asyncio.wait_for(proc.wait(), 30)
         assert await wait_for(lambda: not sleepers(token), 10), "a sleeper outlived the group"
 
     try:
@@ -311,6 +320,7 @@ def test_run_process_timeout_ends_everything(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("network", [False, True])
+@pytest.mark.usefixtures("each_bwrap")
 def test_network_only_when_allowed(tmp_path: Path, network: bool) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -346,6 +356,7 @@ def test_git_init_and_commit_in_the_workspace(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("hermetic_git")
+@pytest.mark.usefixtures("each_bwrap")
 def test_git_in_a_worktree_with_read_only_git(base: Path) -> None:
     repo = make_repo(base / "repo")
     (repo / ".orch").mkdir()

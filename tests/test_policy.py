@@ -418,7 +418,7 @@ def test_cancel_during_a_hook_kills_its_process_group(project: Path) -> None:
                 break
         job.cancel()
         try:
-            await job
+            await asyncio.wait_for(job, 60)
         except asyncio.CancelledError:
             pass
         return await _still_alive(int(pidfile.read_text()))

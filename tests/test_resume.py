@@ -101,7 +101,7 @@ def _runner(root: Path, **settings: Any) -> tuple[Runner, ModelProvider]:
 def _run(runner: Runner, provider: ModelProvider, spec: RunSpec) -> RunRecord:
     async def go() -> RunRecord:
         async with provider:
-            return await runner.run(spec)
+            return await asyncio.wait_for(runner.run(spec), 300)
 
     return asyncio.run(go())
 
@@ -155,7 +155,7 @@ def test_resume_a_succeeded_child(api: FakeAPI, project: Path, isolation: str) -
 
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
+    proc.wait(30)
     return proc.pid
 
 

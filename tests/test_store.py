@@ -417,7 +417,7 @@ def test_reaping_never_kills_a_stranger_that_reuses_a_group_id() -> None:
         assert stranger.wait(5) == -9
     finally:
         stranger.kill()
-        stranger.wait()
+        stranger.wait(30)
 
 
 class _Racing:

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.config import load_settings, load_settings_with_trust
 from orchestrator.trust import TrustCap, record, trust_file
-from tests.support import init_repo, orch, write_script
+from tests.support import init_repo, need_bwrap, orch, write_script
 
 HOOKED = """\
 max_depth = 1
@@ -329,6 +329,9 @@ def test_an_agent_file_weakening_a_bundled_agents_isolation_needs_trust(tmp_path
         ("[sandbox]\nuid = 1000\ngid = 1000\n", ["sandbox.uid", "sandbox.gid"]),
         ('[sandbox]\nenv_whitelist = ["LANG", "MY_VAR"]\n', ["sandbox.env_whitelist"]),
         ('[sandbox]\nhidden = ["~/.secret"]\n', []),
+        ('[sandbox]\nbwrap = "system"\n', []),
+        ('[sandbox]\nbwrap = "bundled"\n', []),
+        ('[sandbox]\nbwrap = "/opt/bwrap"\n', ["sandbox.bwrap"]),
     ],
 )
 def test_what_is_gated(project: Path, toml: str, gated: list[str]) -> None:
@@ -384,3 +387,36 @@ def test_gated_settings_that_cannot_be_compared_are_left_out(project: Path) -> N
     (project / "orch.toml").write_text('hooks = 5\n[sandbox]\nos = "off"\n')
     settings, t = load_settings_with_trust(project, {"hooks": {}})
     assert settings.sandbox.os == "bwrap" and t.left_out == ["hooks", "sandbox"]
+
+
+def test_a_repositorys_bwrap_runs_only_once_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sandbox.bwrap = PATH` in a clone's orch.toml would run that program on the host: left
+    out (the usual bwrap runs) until `orch trust`. The run record names the bwrap that ran."""
+    monkeypatch.delenv("ORCH_BWRAP")  # the settings decide here, not the suite's default
+    bundled = need_bwrap("bundled")
+    marker = tmp_path / "their-bwrap-ran"
+    theirs = tmp_path / "their-bwrap"
+    theirs.write_text(f'#!/bin/sh\necho ran >> {shlex.quote(str(marker))}\nexec {bundled} "$@"\n')
+    theirs.chmod(0o755)
+    repo = init_repo(tmp_path / "clone", {"orch.toml": f'[sandbox]\nbwrap = "{theirs}"\n'})
+
+    result, stderr = run_task(repo)
+    ran = result["workspace"]["bwrap"]
+    assert not marker.exists() and ran["path"] != str(theirs)
+    assert ran["source"] in ("system", "bundled") and ran["version"].startswith("bubblewrap ")
+    [line] = notice_lines(stderr)
+    assert "sandbox.bwrap" in line
+
+    assert orch("trust", cwd=repo).returncode == 0
+    result, stderr = run_task(repo)
+    assert marker.exists() and notice_lines(stderr) == []
+    assert result["workspace"]["os_sandbox"] == "bwrap"
+    assert result["workspace"]["bwrap"] == {
+        "path": str(theirs),
+        "version": "bubblewrap 0.11.0",
+        "source": "path",
+    }
+    shown = json.loads(orch("result", result["run_id"], "--json", cwd=repo).stdout)
+    assert shown["workspace"]["bwrap"]["path"] == str(theirs)

@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator import warm
 from orchestrator.store import open_store
-from tests.support import alive, gone, host_pids, init_repo, none_left, wait_for
+from tests.support import alive, gone, host_pids, init_repo, need_bwrap, none_left, wait_for
 
 SLEEP = "sleep 47.25"  # a marker: no other process runs exactly this
 
@@ -126,7 +126,7 @@ def test_a_caller_killed_takes_its_command_with_it(w: Warm) -> None:
     assert run.pid is not None
     wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
     proc.kill()
-    proc.communicate()
+    proc.communicate(timeout=30)
     assert gone(run.pid, 15)  # the command went with its caller
     r = w.run("ps", "--all", "--json")  # and, as for any dead owner, reconcile cleans up
     assert [x["status"] for x in json.loads(r.stdout)] == ["interrupted"]
@@ -181,11 +181,11 @@ def test_a_process_inside_a_sandbox_is_refused(w: Warm, tmp_path: Path) -> None:
     code = _attack(sock_path)
     # the warm socket is there to be reached (bound in), but the caller is in other
     # mount, pid and network namespaces: refused before anything is read
-    bwrap = ["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+    bwrap = [need_bwrap(), "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
              "--unshare-pid", "--unshare-net", "--die-with-parent"]  # fmt: skip
-    if subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0:
-        pytest.skip("bwrap is missing (apt-get install bubblewrap)")
-    r = subprocess.run([*bwrap, sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run(
+        [*bwrap, sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert "GOT" in r.stdout and "refused" in r.stdout, (r.stdout, r.stderr)
     # an agent's bash in the host tier's sandbox does not even see ~/.orch
     (w.repo / "attack.py").write_text(code)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from orchestrator.branches import list_branches, merge, prune
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import NotFound, OrchError, UsageError
+from orchestrator.osbox import bwrap_choice
 from orchestrator.repo import parse_shortstat, short_run_id
 from orchestrator.run import new_run_id
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
@@ -136,8 +138,10 @@ def test_user_tree_untouched_and_work_committed_on_branch(repo: Path, hermetic_g
     assert (repo / ".orch" / ".gitignore").read_text() == "*\n"
 
     branch = f"orch/coder/{short_run_id(spec.run_id)}"
+    ran = bwrap_choice()  # the suite's (tests/conftest.py)
     assert info == {"isolation": "worktree", "root": info["root"], "branch": branch,
                     "base": head_before, "repo": str(repo), "os_sandbox": "bwrap",
+                    "bwrap": {"path": ran.path, "version": ran.version, "source": ran.source},
                     "network": "none"}  # fmt: skip
     [artifact] = ws.artifacts()
     assert artifact == {
@@ -206,8 +210,10 @@ def test_cancelled_run_still_commits_its_work(repo: Path) -> None:
                 await asyncio.sleep(3600)
 
         task = asyncio.create_task(agent())
-        await inside.wait()
+        await asyncio.wait_for(inside.wait(), 30)
+        deadline = time.monotonic() + 60
         while not task.done():  # keep cancelling while it closes: the close is shielded
+            assert time.monotonic() < deadline, "the cancelled run did not end in 60 s"
             task.cancel()
             await asyncio.sleep(0.002)
         with pytest.raises(asyncio.CancelledError):
@@ -232,7 +238,9 @@ def test_cancelled_while_creating_leaves_nothing(repo: Path) -> None:
 
         task = asyncio.create_task(agent())
         await asyncio.sleep(0)
+        deadline = time.monotonic() + 60
         while not task.done():
+            assert time.monotonic() < deadline, "the cancelled run did not end in 60 s"
             task.cancel()
             await asyncio.sleep(0.001)
         with pytest.raises(asyncio.CancelledError):
@@ -301,7 +309,7 @@ def test_parallel_workspaces_across_processes(repo: Path) -> None:
         )  # fmt: skip
         for n in range(3)
     ]
-    errors = [p.communicate()[1] for p in procs]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     assert len(orch_branches(repo)) == 12
     assert worktree_count(repo) == 1

@@ -24,6 +24,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from ..config import SandboxSettings
 from ..osbox import (
@@ -69,13 +70,15 @@ def bwrap_setting_of(spec: WorkspaceSpec) -> str:
     return str(sandbox.get("bwrap", SandboxSettings.model_fields["bwrap"].default))
 
 
-def bwrap_record(spec: WorkspaceSpec) -> dict[str, str | None] | None:
-    """Which bwrap runs the run's host-tier commands (path, version, source) for the run
-    record; None when the OS sandbox is off."""
-    if os_sandbox_of(spec) != "bwrap":
-        return None
-    choice = bwrap_choice(bwrap_setting_of(spec))
-    return {"path": choice.path, "version": choice.version, "source": choice.source}
+def confinement_info(spec: WorkspaceSpec) -> dict[str, Any]:
+    """The run record's word on how a host tier's commands run: ``os_sandbox`` ("bwrap" or
+    "off"), ``bwrap`` (which one ran: path, version, source; None when off) and ``network``."""
+    mode = os_sandbox_of(spec)
+    bwrap = None
+    if mode == "bwrap":
+        choice = bwrap_choice(bwrap_setting_of(spec))
+        bwrap = {"path": choice.path, "version": choice.version, "source": choice.source}
+    return {"os_sandbox": mode, "bwrap": bwrap, "network": spec.options.get("network", "none")}
 
 
 async def run_confined(

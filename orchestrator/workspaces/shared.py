@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
-from .host import HostRuntime, os_sandbox_mode, os_sandbox_of, run_confined
+from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
 
 
 class SharedConfig(TierConfig):
@@ -58,10 +58,7 @@ class SharedWorkspace:
         return None
 
     def info(self) -> dict[str, Any]:
-        mode = os_sandbox_of(self.spec)
-        net = self.spec.options.get("network", "none")
-        return {"isolation": self.isolation, "root": str(self.root), "os_sandbox": mode,
-                "network": net}  # fmt: skip
+        return {"isolation": self.isolation, "root": str(self.root), **confinement_info(self.spec)}
 
     def artifacts(self) -> list[dict[str, Any]]:
         return []

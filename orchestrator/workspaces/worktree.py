@@ -47,7 +47,7 @@ from ..errors import OrchError, UsageError
 from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
 from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
-from .host import HostRuntime, os_sandbox_mode, os_sandbox_of, run_confined
+from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
 from .settle import commit_message, lock_reason, remove_worktree, salvage_worktree, settle
 
 T = TypeVar("T")
@@ -222,9 +222,7 @@ class WorktreeWorkspace:
     def info(self) -> dict[str, Any]:
         repo = str(self.main_root) if self.main_root else None
         return {"isolation": self.isolation, "root": str(self.root), "branch": self.branch,
-                "base": self.base_commit, "repo": repo,
-                "os_sandbox": os_sandbox_of(self.spec),
-                "network": self.spec.options.get("network", "none")}  # fmt: skip
+                "base": self.base_commit, "repo": repo, **confinement_info(self.spec)}  # fmt: skip
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
