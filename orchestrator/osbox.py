@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bwrapfind import FIX, BwrapChoice, bwrap_choice, chosen
+from .bwrapfind import FIX, BwrapChoice, bwrap_choice, chosen, own_paths
 from .errors import OrchError
 
 __all__ = [
@@ -167,7 +167,10 @@ class OsSandbox:
         add(PRIVATE_RUN, _PRIVATE, ["--tmpfs", str(PRIVATE_RUN)])
         writable = self._writable()
         pinned: set[Path] = set()
-        for path in self._existing(self.read_only_within):
+        # the bwrap that runs, where a command could replace it for the next run's sandbox
+        itself = self._existing(own_paths(chosen(self.bwrap).choice))
+        itself = [p for p in itself if any(p.is_relative_to(root) for root in writable)]
+        for path in [*self._existing(self.read_only_within), *itself]:
             add(path, _READ_ONLY, ["--ro-bind", str(path), str(path)])
             for root in writable:  # a mount point cannot be renamed: pin the way to it
                 if path.is_relative_to(root):

