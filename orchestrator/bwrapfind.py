@@ -46,6 +46,7 @@ PROC = Path("/proc")  # where diagnose() reads the kernel's settings (tests poin
 # The flags OsSandbox adds when they work: a user namespace in which no further one can be
 # made. Without them (root, or a bwrap too old for --disable-userns) the rest must still work.
 USERNS = ("--unshare-user", "--disable-userns")
+PROBE_ARGS = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc")
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,8 @@ def _failed(source: str, reason: str, error: str | None = None, ns: bool = False
     return _Chosen(BwrapChoice(None, source, None, reason), (), error, ns)
 
 
-def _run(argv: Sequence[str]) -> tuple[bool, str | None]:
-    """(ran, error): whether the program started, and None or its last line of error."""
+def _run(argv: Sequence[str]) -> tuple[bool, str | None, str]:
+    """(ran, error, stdout): whether the program started, None or its last line of error."""
     try:
         out = subprocess.run(
             argv,
@@ -180,49 +181,25 @@ def _run(argv: Sequence[str]) -> tuple[bool, str | None]:
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        return True, f"no answer in {PROBE_TIMEOUT_S:.0f} s"
+        return True, f"no answer in {PROBE_TIMEOUT_S:.0f} s", ""
     except OSError as e:
-        return False, e.strerror or str(e)
+        return False, e.strerror or str(e), ""
     if out.returncode == 0:
-        return True, None
+        return True, None, out.stdout
     lines = (out.stderr or out.stdout).strip().splitlines()
-    return True, lines[-1] if lines else f"exit status {out.returncode}"
+    return True, lines[-1] if lines else f"exit status {out.returncode}", out.stdout
 
 
 def _try(bwrap: str, flags: Sequence[str]) -> tuple[bool, str | None]:
-    return _run(
-        [
-            bwrap,
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--unshare-pid",
-            "--proc",
-            "/proc",
-            *flags,
-            "--",
-            "true",
-        ]
-    )
+    """A throwaway sandbox with ``flags``: (ran, error)."""
+    ran, error, _ = _run([bwrap, *PROBE_ARGS, *flags, "--", "true"])
+    return ran, error
 
 
 def _version(bwrap: str) -> str | None:
-    try:
-        out = subprocess.run(
-            [bwrap, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = out.stdout.strip().splitlines()
-    return lines[0].strip() if out.returncode == 0 and lines else None
+    _, error, out = _run([bwrap, "--version"])
+    lines = out.strip().splitlines()
+    return lines[0].strip() if error is None and lines else None
 
 
 def _probe(bwrap: str, source: str) -> _Chosen:

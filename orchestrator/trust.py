@@ -76,10 +76,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .bwrapfind import KEYWORDS as BWRAP_KEYWORDS
 from .errors import UsageError
 
 TRUST_FILE = "trusted.json"
-_BWRAP_KEYWORDS = ("auto", "system", "bundled")  # sandbox.bwrap values anyone may choose
 VERSION = 1
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 # The top-level keys of orch.toml that hold gated settings (``sandbox`` for its gated keys).
@@ -258,7 +258,7 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
     t, b = theirs.sandbox, base.sandbox
     check("sandbox.os", t.os, t.os == "off" and b.os != "off")
     # a bwrap of the repository's choosing would run on the host: a path, unless it is the user's
-    check("sandbox.bwrap", t.bwrap, t.bwrap not in _BWRAP_KEYWORDS and t.bwrap != b.bwrap)
+    check("sandbox.bwrap", t.bwrap, t.bwrap not in BWRAP_KEYWORDS and t.bwrap != b.bwrap)
     check(
         "sandbox.network_mode",
         t.network_mode,
