@@ -1,7 +1,7 @@
 """orch's layout in a git repository, and the queries the worktree tier and CLI share.
 
 ``<main root>/.orch/worktrees/<run_id>`` holds the worktrees of runs (``.orch`` has a
-``.gitignore`` of ``*``); ``.orch/worktrees.lock`` serializes ``worktree add/remove``
+``.gitignore`` of orch's state); ``.orch/worktrees.lock`` serializes ``worktree add/remove``
 and ``branch -D`` per repository (an asyncio lock and an flock). The user's own
 repository is discovered from a directory they gave (:func:`discover`); a run's
 worktree is found from its path through the admin dirs of the main repository
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .errors import OrchError, UsageError
 from .git import GitResult, RepoPaths, git, git_sync
+from .orchignore import ensure_state_ignore
 
 NOT_A_REPO = (
     "{path} is not inside a git repository; run orch inside a git repo or use isolation 'shared'"
@@ -103,11 +104,10 @@ def orch_dir(main_root: Path) -> Path:
 
 
 def ensure_orch_dir(main_root: Path) -> None:
-    """``<main root>/.orch/worktrees`` with a ``.gitignore`` of ``*`` so git status stays clean."""
+    """``<main root>/.orch/worktrees``, with orch's ``.gitignore`` (``orchignore.py``) so git
+    status stays clean while ``.orch/agents/`` and the like stay committable."""
     (orch_dir(main_root) / "worktrees").mkdir(parents=True, exist_ok=True)
-    ignore = orch_dir(main_root) / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("*\n")
+    ensure_state_ignore(orch_dir(main_root))
 
 
 _async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (

@@ -27,6 +27,7 @@ import orchestrator
 import orchestrator.store
 from orchestrator.cli.common import find_run, handles_errors, open_project
 from orchestrator.errors import NotFound, UsageError
+from orchestrator.orchignore import STATE_IGNORE
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store, state_dir
 from orchestrator.store.sqlite import _like_prefix, _wal
@@ -121,7 +122,7 @@ def test_missing_run_names_where_the_store_is(store: RunStore, tmp_path: Path) -
 def test_state_dir_keeps_itself_out_of_git(tmp_path: Path) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     open_store(tmp_path).create_run(RunRecord(run_id="r-2", chain_id="c"))
-    assert (tmp_path / ".orch" / ".gitignore").read_text() == "*\n"
+    assert (tmp_path / ".orch" / ".gitignore").read_text() == STATE_IGNORE
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True, check=True
     ).stdout

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from orchestrator.branches import list_branches, merge, prune
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import NotFound, OrchError, UsageError
+from orchestrator.orchignore import STATE_IGNORE
 from orchestrator.osbox import bwrap_choice
 from orchestrator.repo import parse_shortstat, short_run_id
 from orchestrator.run import new_run_id
@@ -135,7 +136,7 @@ def test_user_tree_untouched_and_work_committed_on_branch(repo: Path, hermetic_g
     assert user_files(repo) == files_before
     assert sh(repo, "rev-parse", "HEAD") == head_before
     assert (repo / "a.txt").read_text() == "one\ntwo\nthree\n"
-    assert (repo / ".orch" / ".gitignore").read_text() == "*\n"
+    assert (repo / ".orch" / ".gitignore").read_text() == STATE_IGNORE
 
     branch = f"orch/coder/{short_run_id(spec.run_id)}"
     ran = bwrap_choice()  # the suite's (tests/conftest.py)

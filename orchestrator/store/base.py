@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import OrchError
+from ..orchignore import ensure_state_ignore
 from ..run import RunRecord, RunStatus
 from ..workspaces.base import ResourceSink
 
@@ -79,7 +80,8 @@ def make_private(path: Path, mode: int, *, created: bool = False) -> None:
 
 
 def state_dir(project_root: Path) -> Path:
-    """``$ORCH_HOME`` or ``<project>/.orch``: mode 0700, with a ``.gitignore`` of ``*``.
+    """``$ORCH_HOME`` or ``<project>/.orch``: mode 0700, with a ``.gitignore`` of orch's
+    state (``orchignore.py``: agents/, skills/ and teams/ stay committable).
 
     Created if missing; an existing one of ours with looser bits is tightened to 0700
     (it holds prompts, outputs and logs of every run).
@@ -89,9 +91,7 @@ def state_dir(project_root: Path) -> Path:
     existed = path.is_dir()
     path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
     make_private(path, STATE_DIR_MODE, created=not existed)
-    ignore = path / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("*\n")
+    ensure_state_ignore(path)
     return path
 
 
