@@ -124,6 +124,23 @@ DEFAULT_SECRET_PATTERNS: list[str] = [
 ]
 
 
+# What a worktree or container run's auto-commit leaves out (gitignore patterns, applied on
+# top of the repository's own ignore files; a file the repository tracks is committed
+# anyway). Build artefacts and caches only: ``commit_exclude`` adds, ``!pattern`` re-includes.
+DEFAULT_COMMIT_EXCLUDE: list[str] = [
+    "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/",
+    ".hypothesis/", ".tox/", ".nox/", ".venv/", "venv/", "*.egg-info/", ".eggs/",
+    ".coverage", ".coverage.*", "htmlcov/", ".ipynb_checkpoints/", "node_modules/",
+    ".DS_Store", "Thumbs.db",
+]  # fmt: skip
+
+
+def _one_line(patterns: list[str]) -> list[str]:
+    if bad := [p for p in patterns if not p.strip() or "\n" in p or "\r" in p]:
+        raise ValueError(f"{bad[0]!r} is not a one-line gitignore pattern")
+    return patterns
+
+
 class HookCommand(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -252,6 +269,8 @@ class Settings(BaseModel):
     network: Literal["none", "host"] = "none"
     extra_env: dict[str, str] = Field(default_factory=dict)  # given to sandboxed commands
     worktree_include: list[str] = Field(default_factory=list)
+    # Added to DEFAULT_COMMIT_EXCLUDE for worktree and container auto-commits.
+    commit_exclude: list[str] = Field(default_factory=list)
     agents_dirs: list[str] = Field(default_factory=list)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     # Where worktree and container runs execute: "local" (this process) or "ray" (a node of
@@ -272,6 +291,11 @@ class Settings(BaseModel):
         if not is_postgres(v):  # the message never holds the value (it may hold a password)
             raise ValueError(f"give a {' or '.join(POSTGRES_SCHEMES)} URL, or leave it out")
         return v.strip()
+
+    @field_validator("commit_exclude")
+    @classmethod
+    def _exclude_lines(cls, v: list[str]) -> list[str]:
+        return _one_line(v)
 
     @field_validator("extra_env")
     @classmethod

@@ -232,6 +232,11 @@ def _user_settings() -> tuple[str, list[str]]:
     return _user[key]
 
 
+def user_excludes_file() -> str:
+    """The user's global ignore file (``core.excludesFile``), os.devnull when none."""
+    return _user_settings()[0]
+
+
 def hardened_env(
     identity: Mapping[str, str] | None = None,
     config: Sequence[tuple[str, str]] = (),
@@ -431,11 +436,13 @@ async def git(
     identity: Mapping[str, str] | None = None,
     retry: bool = False,
     timeout_s: float = GIT_TIMEOUT_S,
+    config: Sequence[tuple[str, str]] = (),
 ) -> GitResult:
     """Run one hardened git command; ``retry`` retries while git's lock files are held by
-    someone else; with ``check`` a non-zero exit raises :class:`GitError`."""
-    config = await neutralizing_config(repo) if repo and _needs_neutralizing(args) else []
-    cmd = prepare(args, repo, cwd=cwd, identity=identity, config=config)
+    someone else; with ``check`` a non-zero exit raises :class:`GitError`. ``config``: more
+    command-scope settings of orch's own (never values a sandbox wrote)."""
+    drivers = await neutralizing_config(repo) if repo and _needs_neutralizing(args) else []
+    cmd = prepare(args, repo, cwd=cwd, identity=identity, config=[*drivers, *config])
     delay = 0.05
     for attempt in range(RETRIES if retry else 1):
         result = await _run_async(cmd, timeout_s)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from .admission import Admission
 from .agent import AgentRun, LoopOutcome, RunContext
 from .background import me, spawn_worker, supervised, this_node
-from .config import Settings
+from .config import DEFAULT_COMMIT_EXCLUDE, Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Executor, RunHandle, spawned_event
 from .errors import OrchError
@@ -306,6 +306,7 @@ class Runner:
                      "sandbox": self.settings.sandbox.model_dump(),
                      "network": definition.network or self.settings.network,
                      "extra_env": self.settings.extra_env,
+                     "commit_exclude": [*DEFAULT_COMMIT_EXCLUDE, *self.settings.commit_exclude],
                      "state_dir": str(self.state_dir(spec.workdir)),
                      "parent_run_id": record.parent_run_id},
         )  # fmt: skip

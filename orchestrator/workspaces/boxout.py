@@ -1,7 +1,9 @@
 """A container run's work out of its sandbox: at close, and salvaged after a crash.
 
 One path for both (:func:`export_work`, :func:`land`): git in the container commits
-every change (hooks, fsmonitor and filter drivers off) and streams a bundle of the new
+every change but build artefacts (the run's ``commit_exclude`` patterns as its
+``core.excludesFile``; a salvage uses the defaults; tracked files are committed anyway;
+hooks, fsmonitor and filter drivers off) and streams a bundle of the new
 commits over ``docker exec`` into a host-owned temp file, capped at
 ``sandbox.bundle_max_bytes``; the host unbundles it with the hardened git of
 :mod:`orchestrator.git` into the user's repository (``GIT_DIR`` is that repository, never
@@ -28,11 +30,11 @@ import asyncio
 import contextlib
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import SandboxSettings
+from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
 from ..errors import OrchError, UsageError
 from ..git import RepoPaths, git
 from ..repo import discover, is_ancestor, rev
@@ -59,12 +61,14 @@ _USER = re.compile(r"^([0-9]+):([0-9]+)$")
 async def export_work(
     box: Sandbox, main: RepoPaths, start: str, agent: str, message: str, *,
     cap: int, timeout_s: float = EXPORT_TIMEOUT_S, exported: Callable[[], None] | None = None,
+    exclude: Sequence[str] = DEFAULT_COMMIT_EXCLUDE,
 ) -> str | None:  # fmt: skip
-    """Commit inside and bring the work out in the same exec; unpack it into ``main``.
-    Returns the new tip, None when HEAD is not past ``start``. ``exported`` is called once
-    the container is no longer needed (the bundle is on the host, or there is no work):
-    the close removes the container meanwhile."""
-    env = {**commit_env(ref_component(agent)), "START": start}
+    """Commit inside (but untracked files matching ``exclude``) and bring the work out in
+    the same exec; unpack it into ``main``. Returns the new tip, None when HEAD is not past
+    ``start``. ``exported`` is called once the container is no longer needed (the bundle
+    is on the host, or there is no work): the close removes the container meanwhile."""
+    env = {**commit_env(ref_component(agent)), "START": start,
+           "ORCH_EXCLUDE": "".join(f"{p}\n" for p in exclude)}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="orch-out-") as tmp:
         path = Path(tmp) / "out.bundle"
         with path.open("wb") as f:

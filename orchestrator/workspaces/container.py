@@ -63,7 +63,7 @@ from .pool import (
     sandbox_user,
     start_container,
 )
-from .settle import commit_message
+from .settle import commit_exclude, commit_message
 from .transfer import (
     NEEDS,
     SETUP,
@@ -351,7 +351,8 @@ class ContainerWorkspace:
         assert self.box is not None and self.main is not None
         async with self._lock:
             return await export_work(self.box, self.main, self.start, self.spec.agent, message,
-                                     cap=self.cfg.bundle_max_bytes, exported=exported)  # fmt: skip
+                                     cap=self.cfg.bundle_max_bytes, exported=exported,
+                                     exclude=commit_exclude(self.spec))  # fmt: skip
 
     async def checkpoint(self, ref: str, child_run_id: str) -> str:
         """Commit this run's work so far and bring it out into ``ref``: a nested child's

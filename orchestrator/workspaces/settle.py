@@ -8,18 +8,29 @@ worktree; otherwise the worktree directory is removed and the branch kept. Every
 command runs through :mod:`orchestrator.git`, with the worktree's admin dir as
 ``GIT_DIR``: nothing the run wrote into the tree (a ``.git`` file, nested repositories,
 ``.gitattributes`` naming drivers) makes host git run anything.
+
+Build artefacts stay out: ``git add`` runs with ``core.excludesFile`` set to a host-owned
+temp file holding the user's global ignore file and then the run's ``commit_exclude``
+patterns (``config.DEFAULT_COMMIT_EXCLUDE`` plus the setting; a salvage after a crash
+uses the defaults). Ignore rules never apply to tracked files: a tracked ``.pyc`` that
+changed is committed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import shutil
+import tempfile
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import DEFAULT_COMMIT_EXCLUDE
 from ..errors import UsageError
-from ..git import RepoPaths, git
+from ..git import RepoPaths, git, user_excludes_file
 from ..repo import (
     diff_stats,
     discover,
@@ -32,9 +43,16 @@ from ..repo import (
     worktree_entries,
     worktree_paths,
 )
+from .base import WorkspaceSpec
 
 ORCH_EMAIL = "orch@localhost"
 _BASE_IN_REASON = re.compile(r"\(base ([0-9a-f]{7,64})\)")
+USER_EXCLUDES_MAX = 1024 * 1024  # of the user's global ignore file, copied in front
+
+
+def commit_exclude(spec: WorkspaceSpec) -> list[str]:
+    """The patterns a run's auto-commit leaves out (the runner puts them in the options)."""
+    return [str(p) for p in spec.options.get("commit_exclude", DEFAULT_COMMIT_EXCLUDE)]
 
 
 def agent_of_branch(branch: str) -> str:
@@ -84,29 +102,45 @@ async def remove_worktree(main: RepoPaths, path: Path, branch: str | None) -> No
             await git("branch", "-D", branch, repo=main, check=False, retry=True)
 
 
-async def commit_all(tree: RepoPaths, agent: str, message: str) -> bool:
-    """Commit every change in the worktree ``tree``; False when there was nothing to commit.
+def _write_excludes(fd: int, patterns: Sequence[str]) -> None:
+    with os.fdopen(fd, "wb") as f:
+        with contextlib.suppress(OSError), open(user_excludes_file(), "rb") as user:
+            f.write(user.read(USER_EXCLUDES_MAX).rstrip(b"\n") + b"\n")
+        f.write("".join(f"{p}\n" for p in patterns).encode())
+
+
+@contextlib.asynccontextmanager
+async def excludes(patterns: Sequence[str]) -> AsyncIterator[list[tuple[str, str]]]:
+    """The git config that leaves ``patterns`` out of ``git add``/``status``, on top of the
+    user's global ignore file (``core.excludesFile``: one file, so both go in one)."""
+    if not patterns:
+        yield []
+        return
+    fd, path = await asyncio.to_thread(tempfile.mkstemp, prefix="orch-exclude-")
+    try:
+        await asyncio.to_thread(_write_excludes, fd, patterns)
+        yield [("core.excludesFile", path)]
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+async def commit_all(
+    tree: RepoPaths, agent: str, message: str, exclude: Sequence[str] = DEFAULT_COMMIT_EXCLUDE
+) -> bool:
+    """Commit every change in the worktree ``tree`` but untracked files matching ``exclude``
+    (gitignore patterns); False when there was nothing to commit.
 
     Through :mod:`orchestrator.git` (the admin dir as ``GIT_DIR``: a ``.git`` the run wrote
     is not read; no hooks, fsmonitor or drivers). Nested repositories and submodules are
     never looked into (``--ignore-submodules=dirty``: only their HEAD is read).
     """
-    status = await git("status", "--porcelain", "-z", "--untracked-files=all",
-                       "--ignore-submodules=dirty", repo=tree)  # fmt: skip
-    if not status.out:
-        return False
-    # add fails on a file that vanishes mid-walk (try again) or on a nested repository
-    # without a commit: then add the rest, and each nested repository with a commit alone
-    for _ in range(2):
-        added = await git("add", "-A", repo=tree, retry=True, check=False)
-        if added.code == 0:
-            break
-    if added.code != 0:
-        nested = [e[3:] for e in status.out.split("\0") if e.startswith("?? ") and e.endswith("/")]
-        skip = [f":(exclude,literal){path}" for path in nested]
-        await git("add", "-A", "--", ".", *skip, repo=tree, retry=True)
-        for path in nested:
-            await git("add", "--", f":(literal){path.rstrip('/')}", repo=tree, check=False)
+    async with excludes(exclude) as cfg:
+        status = await git("status", "--porcelain", "-z", "--untracked-files=all",
+                           "--ignore-submodules=dirty", repo=tree, config=cfg)  # fmt: skip
+        if not status.out:
+            return False
+        await _add_all(tree, status.out, cfg)
     staged = await git("diff", "--cached", "--quiet", "--no-ext-diff", "--no-textconv",
                        "--ignore-submodules=dirty", repo=tree, check=False)  # fmt: skip
     if staged.code == 0:
@@ -116,15 +150,31 @@ async def commit_all(tree: RepoPaths, agent: str, message: str) -> bool:
     return True
 
 
+async def _add_all(tree: RepoPaths, status: str, cfg: list[tuple[str, str]]) -> None:
+    # add fails on a file that vanishes mid-walk (try again) or on a nested repository
+    # without a commit: then add the rest, and each nested repository with a commit alone
+    for _ in range(2):
+        added = await git("add", "-A", repo=tree, retry=True, check=False, config=cfg)
+        if added.code == 0:
+            return
+    nested = [e[3:] for e in status.split("\0") if e.startswith("?? ") and e.endswith("/")]
+    skip = [f":(exclude,literal){path}" for path in nested]
+    await git("add", "-A", "--", ".", *skip, repo=tree, retry=True, config=cfg)
+    for path in nested:
+        await git("add", "--", f":(literal){path.rstrip('/')}", repo=tree, check=False,
+                  config=cfg)  # fmt: skip
+
+
 async def settle(
     main: RepoPaths, root: Path, tree: RepoPaths | None, branch: str, base: str, agent: str,
-    message: str, keep_branch: bool = False,
+    message: str, keep_branch: bool = False, exclude: Sequence[str] = DEFAULT_COMMIT_EXCLUDE,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Commit the work in ``root`` on ``branch``; remove the worktree; keep a branch with work
-    (and always with ``keep_branch``: a branch the run did not create)."""
+    """Commit the work in ``root`` on ``branch`` (but untracked files matching ``exclude``);
+    remove the worktree; keep a branch with work (and always with ``keep_branch``: a branch
+    the run did not create)."""
     head = None
     if tree is not None and await asyncio.to_thread(root.is_dir):
-        await commit_all(tree, agent, message)
+        await commit_all(tree, agent, message, exclude)
         head = await rev("HEAD", tree)
     tip = await rev(f"refs/heads/{branch}", main)
     extra: list[str] = []

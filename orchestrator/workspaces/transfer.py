@@ -57,7 +57,8 @@ git checkout -q -f "$BRANCH"
 if [ -d "$IN/in/include" ]; then cp -an "$IN/in/include/." . ; fi
 rm -rf "$IN"
 """
-# Commit every change (message on stdin), like the host's commits of a worktree: no hooks,
+# Commit every change (message on stdin) but untracked files matching $ORCH_EXCLUDE (the
+# run's commit_exclude patterns, one a line), like the host's commits of a worktree: no hooks,
 # fsmonitor or filter drivers run (a run's own config could make its export fail or lie
 # about its files). Then say on stderr how many commits HEAD is past $START
 # ("orch-ahead=x": HEAD unusable) and, when there are some, stream them as a bundle.
@@ -68,6 +69,9 @@ while read -r key _; do
   off+=(-c "filter.$name.clean=" -c "filter.$name.smudge=" -c "filter.$name.process="
         -c "filter.$name.required=false")
 done < <(git config --get-regexp '^filter\..*\.(clean|smudge|process|required)$' 2>/dev/null)
+if [ -n "${ORCH_EXCLUDE-}" ] && ex=$(mktemp); then  # build artefacts stay out of the commit
+  printf '%s' "$ORCH_EXCLUDE" > "$ex"; off+=(-c "core.excludesFile=$ex")
+fi
 g() { git "${off[@]}" "$@"; }
 # add fails on a file that vanishes mid-walk (try again) or on a nested repository without a
 # commit: then add the rest, and each nested repository that has a commit on its own

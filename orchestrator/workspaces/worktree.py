@@ -48,7 +48,14 @@ from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
 from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
-from .settle import commit_message, lock_reason, remove_worktree, salvage_worktree, settle
+from .settle import (
+    commit_exclude,
+    commit_message,
+    lock_reason,
+    remove_worktree,
+    salvage_worktree,
+    settle,
+)
 
 T = TypeVar("T")
 
@@ -348,6 +355,7 @@ class WorktreeWorkspace:
         self._artifacts = await settle(
             self._main, self.root, self._tree, self.branch, self.base_commit,
             ref_component(self.spec.agent), message, self.continued is not None,
+            commit_exclude(self.spec),
         )  # fmt: skip
         self._created = False
         self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
