@@ -32,7 +32,8 @@ from .calls import (
     summarize_input,
 )
 from .config import Settings
-from .guidance import task_description
+from .guidance import environment_section, task_description
+from .memory import load_memory
 from .models.base import Block, Message, Model, ModelRequest
 from .policy import Policy, run_hooks
 from .run import Evidence, RunRecord, RunStatus, Usage
@@ -158,19 +159,24 @@ class AgentRun:
         self.cut_parts: list[str] = []  # a final answer cut at max_tokens, in pieces
         self.ledger = CallLedger()  # the tool_use ids of the conversation, each used once
 
-    def system_prompt(self) -> str:
+    def system_prompt(self, memory: str = "") -> str:
+        """The agent's own prompt, its tier's facts, project memory (``memory.py``), skills."""
         ctx = self.ctx
         d = ctx.definition
         parts = [d.system_prompt.strip() or "You are a capable coding agent."]
         parts.append(
-            "\n# Environment\n"
-            f"- Workspace root: {ctx.root} (isolation: {ctx.record.isolation}). "
-            "File tool paths are relative to it.\n"
-            f"- You are agent '{d.name}' at delegation depth {ctx.record.depth} "
-            f"(limit {ctx.record.max_depth}).\n"
-            "- When the task is done, answer with your final result as plain text and no tool "
-            "call; that text is all your caller will see."
+            environment_section(
+                root=ctx.root,
+                isolation=ctx.record.isolation,
+                agent=d.name,
+                depth=ctx.record.depth,
+                max_depth=ctx.record.max_depth,
+                workspace=ctx.record.workspace,
+                container_network=ctx.settings.sandbox.network_mode,
+            )  # fmt: skip
         )
+        if memory:
+            parts.append(memory)
         offered = ctx.policy.offered_tools()
         if "load_skill" in offered and ctx.catalog.skills:
             parts.append(
@@ -191,7 +197,10 @@ class AgentRun:
         self.messages = self.messages or [{"role": "user", "content": prompt}]
         self.ledger = CallLedger()
         self.ledger.tool_use_ids.update(tool_use_ids(self.messages))
-        system = self.system_prompt()
+        memory = ""
+        if ctx.settings.project_memory:
+            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd)
+        system = self.system_prompt(memory)
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start
             if schema["name"] == "task":

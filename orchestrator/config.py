@@ -271,6 +271,9 @@ class Settings(BaseModel):
     worktree_include: list[str] = Field(default_factory=list)
     # Added to DEFAULT_COMMIT_EXCLUDE for worktree and container auto-commits.
     commit_exclude: list[str] = Field(default_factory=list)
+    # CLAUDE.md / AGENTS.md of the repository and ~/.claude/CLAUDE.md in every agent's
+    # system prompt (capped: memory.py).
+    project_memory: bool = True
     agents_dirs: list[str] = Field(default_factory=list)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     # Where worktree and container runs execute: "local" (this process) or "ray" (a node of

@@ -1,5 +1,7 @@
 """What a real model is told about delegation: the ``task`` tool's text and the agent catalog.
 
+Also the environment section of every agent's system prompt: what its tier allows.
+
 A model that is not told which agents exist guesses ``subagent_type``; one that is
 not told when *not* to delegate spends a child on a file it could read itself.
 The ``task`` description says, compactly: when to delegate and when not, that the
@@ -11,7 +13,9 @@ their bundled equivalents, so a Claude model's habits work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from .definitions import AgentDefinition, Catalog, UnknownAgent
 
@@ -40,10 +44,12 @@ The child sees ONLY the prompt you write, none of this conversation. Make it \
 self-contained: the goal, the context it needs (paths, names, constraints, what \
 you already ruled out), and the form of the answer you want back.
 
-isolation: shared (default: your own tier) explores and edits your workspace \
-directly; worktree gives edits an own git branch you can review and merge; \
-container is for untrusted code, installs and builds. A child never runs in a \
-weaker tier than yours.
+isolation: shared (default: your own tier) works in your workspace; worktree: \
+its own checkout on a new branch that orch commits at the end, for you to review \
+and merge; container: the strongest isolation (Docker, no host directory shared; \
+work comes back as a branch), for untrusted code. No tier has network unless the \
+user allowed it: package installs fail by default. A child never runs in a weaker \
+tier than yours.
 
 run_in_background returns a task_id at once; you get a <task-notification> when \
 it ends and collect the result with task_output. Do not poll it; do other work. \
@@ -127,3 +133,53 @@ def task_description(catalog: Catalog, caller: AgentDefinition) -> str:
         f"{TASK_GUIDANCE}\n\nsubagent_type: one of these agents (default: {default}):\n"
         f"{agent_catalog(agents, default)}"
     )
+
+
+def _network(mode: str) -> str:
+    if mode == "none":
+        return "- Network: none (package installs fail)."
+    return f"- Network: {mode} (allowed by the user)."
+
+
+def environment_section(
+    *, root: Path | str, isolation: str, agent: str, depth: int, max_depth: int,
+    workspace: Mapping[str, Any], container_network: str,
+) -> str:  # fmt: skip
+    """The system prompt's facts about the run's tier: where the work goes, what ``.git``
+    and the network allow, and who commits (``workspace``: the workspace's ``info()``)."""
+    lines = [
+        "\n# Environment",
+        f"- Workspace root: {root} (isolation: {isolation}). File tool paths are relative to it.",
+        f"- You are agent '{agent}' at delegation depth {depth} (limit {max_depth}).",
+    ]
+    branch = workspace.get("branch") or "a branch of its own"
+    sandboxed = workspace.get("os_sandbox", "bwrap") != "off"
+    read_only = "- .git is read-only: git status/diff/log work; commit/checkout/branch fail."
+    if isolation == "container":
+        lines += [
+            f"- A Docker container: {root} is its own git repository on branch {branch} "
+            "(nothing of the host is mounted). You may commit; when you end, orch commits "
+            f"the rest (build artefacts aside) and brings {branch} out for review.",
+            _network(container_network),
+        ]
+    elif isolation == "worktree":
+        lines.append(
+            f"- Your own git worktree on branch {branch}. When you end, orch commits every "
+            f"change (build artefacts aside) to {branch} for review: do not commit yourself."
+        )
+        lines += [read_only] if sandboxed else []
+        lines.append(_network(str(workspace.get("network", "none"))))
+    else:
+        lines.append(
+            "- Shared workspace: your caller's directory (the user's for a root run), not a "
+            "copy; your edits land there, uncommitted."
+        )
+        lines += [read_only] if sandboxed else []
+        lines.append(_network(str(workspace.get("network", "none"))))
+    if not sandboxed and isolation != "container":
+        lines.append("- Commands run on the host without an OS sandbox (sandbox.os = off).")
+    lines.append(
+        "- When the task is done, answer with your final result as plain text and no tool "
+        "call; that text is all your caller will see."
+    )
+    return "\n".join(lines)

@@ -316,7 +316,7 @@ class Runner:
         try:
             workspace = self.provision(spec.workspace, wspec)
             async with workspace as ws:
-                store.update_run(record.run_id, workspace=ws.info())
+                record = store.update_run(record.run_id, workspace=ws.info())
                 notifications: list[str] = []
                 evidence = record.evidence.model_copy()
                 spawner = ChildSpawner(self, record, ws.root, notifications, evidence)

@@ -5,18 +5,14 @@ never a file the repository tracks: the worktree tier (host git) and the contain
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
-from orchestrator.errors import OrchError
 from orchestrator.run import RunStatus
-from tests.support import git, harness, init_repo
-
-SANDBOX = "orch-sandbox:latest"
+from tests.support import git, harness, init_repo, sandbox_image
 
 
 def _write(path: str, content: str) -> dict[str, Any]:
@@ -98,27 +94,10 @@ def test_commit_exclude_is_validated() -> None:
 # -- the container tier ---------------------------------------------------------------
 
 
-def _sandbox_image() -> str:
-    from orchestrator.workspaces.pool import docker_client
-
-    try:
-        docker_client().close()
-    except OrchError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but no Docker engine is reachable: {e}")
-        pytest.skip(f"no Docker engine reachable: {e}")
-    found = subprocess.run(["docker", "image", "inspect", SANDBOX], capture_output=True)
-    if found.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {SANDBOX} is missing: run `orch sandbox build`")
-        pytest.skip(f"{SANDBOX} is missing: run `orch sandbox build`")
-    return SANDBOX
-
-
 @pytest.mark.docker
 @pytest.mark.usefixtures("hermetic_git")
 def test_container_commit_leaves_artefacts_out_and_keeps_tracked_files(repo: Path) -> None:
-    image = _sandbox_image()
+    image = sandbox_image()
     h = harness(repo, _script(), commit_exclude=["*.log", "*.secret"],
                 sandbox=SandboxSettings(image=image))  # fmt: skip
     rec = h.run("build things", isolation="container")

@@ -1,0 +1,144 @@
+"""Project memory: ``CLAUDE.md`` and ``AGENTS.md`` in every agent's system prompt.
+
+Claude Code and Codex users keep a project's standing rules in these files; orch adds
+them to the system prompt of every agent of a run, from:
+
+1. ``CLAUDE.md`` at the repository root;
+2. ``AGENTS.md`` at the repository root (left out when it is the same text);
+3. the user's ``~/.claude/CLAUDE.md``.
+
+**Which tree**: the main checkout of the user's repository (its working tree, uncommitted
+edits included), found from the run's host directory, for every tier: a worktree child
+reads the same files as its parent, not its branch's copy, and a container child the
+user's checkout, not ``/workspace``. Outside git, the run's directory. (On a Ray node:
+the node's copy of the repository.)
+
+**Caps**: at most :data:`FILE_MAX` bytes of each file and :data:`TOTAL_MAX` in all, in
+the order above; a file cut (or left out once the total is used up) says so in the
+prompt with its full size.
+
+**Trust**: the files are prompt text, nothing more: nothing in them is parsed, imported
+(``@path`` lines stay text) or run, and no setting is read from them. The repository's
+files are read without following a symlink out of the repository (a symlink inside it,
+such as ``AGENTS.md -> CLAUDE.md``, is fine), regular files only, through
+:mod:`orchestrator.safefs`. ``project_memory = false`` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import OrchError
+from .repo import discover_sync
+from .safefs import Beneath, UnsafePath
+
+FILE_MAX = 16 * 1024  # bytes of one file
+TOTAL_MAX = 32 * 1024  # bytes of all of them
+REPO_FILES = ("CLAUDE.md", "AGENTS.md")
+USER_FILE = Path(".claude") / "CLAUDE.md"
+
+HEADER = (
+    "\n# Project memory\n"
+    "The user's standing instructions for this project, from the files below. Follow them "
+    "as you would the user's, unless your task says otherwise. (They are text only: they "
+    "do not change your tools, your sandbox or orch's settings.)"
+)
+
+
+@dataclass
+class MemoryFile:
+    label: str  # how the prompt names it
+    data: bytes  # at most what fits
+    size: int  # the whole file's size, in bytes
+
+
+def project_root_of(start: Path) -> Path:
+    """The main checkout of the repository holding ``start``, else ``start`` itself."""
+    try:
+        return discover_sync(start).main_root
+    except OrchError:
+        return start
+
+
+def _repo_file(root: Path, name: str) -> tuple[bytes, int, str] | None:
+    """Up to FILE_MAX bytes of ``root/name``, its size and its real path; None if there is
+    none or it may not be read (a symlink out of the repository, a FIFO, a hard link)."""
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(real_root, name))
+    if not target.startswith(real_root + os.sep):
+        return None
+    try:
+        with Beneath(real_root) as fs:
+            data, size = fs.read(os.path.relpath(target, real_root), FILE_MAX)
+    except (OSError, UnsafePath):
+        return None
+    return data, size, target
+
+
+def _user_file(home: Path) -> tuple[bytes, int] | None:
+    """The user's own file (a symlink there is the user's choice): a regular file only."""
+    path = home / USER_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return os.read(fd, FILE_MAX), st.st_size
+    finally:
+        os.close(fd)
+
+
+def read_memory(root: Path, home: Path | None) -> list[MemoryFile]:
+    """The memory files of project ``root`` and the user's (``home``), uncut."""
+    found: list[MemoryFile] = []
+    seen: dict[str, bytes] = {}
+    for name in REPO_FILES:
+        got = _repo_file(root, name)
+        if got is None:
+            continue
+        data, size, real = got
+        if real in seen or data.strip() in seen.values():
+            continue  # AGENTS.md -> CLAUDE.md, or a copy of it
+        seen[real] = data.strip()
+        found.append(MemoryFile(f"{name} (repository root)", data, size))
+    if home is not None and (user := _user_file(home)) is not None:
+        found.append(MemoryFile(f"~/{USER_FILE} (the user's, for every project)", *user))
+    return found
+
+
+def _text(data: bytes, limit: int) -> str:
+    return data[:limit].decode("utf-8", "ignore")
+
+
+def memory_section(files: list[MemoryFile]) -> str:
+    """The system prompt's memory section ('' with no files): each file capped, then all
+    of them; a file cut (or left out) says so."""
+    parts: list[str] = []
+    left = TOTAL_MAX
+    for f in files:
+        if not f.data.strip():
+            continue
+        take = min(len(f.data), left)
+        body = _text(f.data, take).rstrip()
+        note = ""
+        if f.size > take:
+            cap, why = (FILE_MAX, "of each file") if take == FILE_MAX else (TOTAL_MAX, "in all")
+            note = (
+                f"\n[{f.label.split(' ')[0]} cut: {len(body.encode()):,} of its {f.size:,} "
+                f"bytes shown; orch shows at most {cap:,} bytes {why}]"
+            )
+        parts.append(f"\n## {f.label}\n{body}{note}")
+        left -= take
+    return HEADER + "\n" + "\n".join(parts) if parts else ""
+
+
+def load_memory(start: Path) -> str:
+    """The memory section for a run whose host directory is ``start`` (blocking)."""
+    home = os.environ.get("HOME")
+    return memory_section(read_memory(project_root_of(start), Path(home) if home else None))
