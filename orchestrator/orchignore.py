@@ -37,7 +37,8 @@ STATE_IGNORE = """\
 /*.tmp
 *.orch-tmp
 """
-# What orch wrote before (ignoring everything, configuration included): upgraded.
+# What orch wrote before (ignoring everything, configuration included): upgraded. When
+# STATE_IGNORE changes, add its previous text here, or it counts as the user's.
 OLD_IGNORES = frozenset({"*\n", "*"})
 MAX_READ = 64 * 1024
 

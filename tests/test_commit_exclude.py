@@ -45,11 +45,11 @@ def _branch_files(repo: Path, art: dict[str, Any]) -> list[str]:
 
 
 def test_worktree_commit_leaves_artefacts_out_and_keeps_tracked_files(repo: Path) -> None:
-    # the user's global ignore file still applies (orch's patterns are added to it)
+    # the user's global ignore file still applies, and a repository's `!x` cannot undo it
     ignore = Path(os.environ["HOME"]) / ".config" / "git" / "ignore"
     ignore.parent.mkdir(parents=True, exist_ok=True)
     ignore.write_text("*.secret\n")
-    h = harness(repo, _script(), commit_exclude=["*.log"])
+    h = harness(repo, _script(), commit_exclude=["*.log", "!*.secret"])
     rec = h.run("build things", isolation="worktree")
     assert rec.status == RunStatus.SUCCEEDED, rec.error
     (art,) = rec.artifacts

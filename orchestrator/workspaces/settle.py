@@ -10,10 +10,10 @@ command runs through :mod:`orchestrator.git`, with the worktree's admin dir as
 ``.gitattributes`` naming drivers) makes host git run anything.
 
 Build artefacts stay out: ``git add`` runs with ``core.excludesFile`` set to a host-owned
-temp file holding the user's global ignore file and then the run's ``commit_exclude``
-patterns (``config.DEFAULT_COMMIT_EXCLUDE`` plus the setting; a salvage after a crash
-uses the defaults). Ignore rules never apply to tracked files: a tracked ``.pyc`` that
-changed is committed.
+temp file holding the run's ``commit_exclude`` patterns (``config.DEFAULT_COMMIT_EXCLUDE``
+plus the setting; a salvage after a crash uses the defaults), then the user's global
+ignore file, which so keeps the last word. Ignore rules never apply to tracked files: a
+tracked ``.pyc`` that changed is committed.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from .base import WorkspaceSpec
 
 ORCH_EMAIL = "orch@localhost"
 _BASE_IN_REASON = re.compile(r"\(base ([0-9a-f]{7,64})\)")
-USER_EXCLUDES_MAX = 1024 * 1024  # of the user's global ignore file, copied in front
+USER_EXCLUDES_MAX = 1024 * 1024  # of the user's global ignore file, copied after orch's
 
 
 def commit_exclude(spec: WorkspaceSpec) -> list[str]:
@@ -103,10 +103,12 @@ async def remove_worktree(main: RepoPaths, path: Path, branch: str | None) -> No
 
 
 def _write_excludes(fd: int, patterns: Sequence[str]) -> None:
+    """``patterns``, then the user's global ignore file: a later line wins, so a ``!x`` in
+    ``commit_exclude`` (a repository's ``orch.toml``) never un-ignores what the user's does."""
     with os.fdopen(fd, "wb") as f:
-        with contextlib.suppress(OSError), open(user_excludes_file(), "rb") as user:
-            f.write(user.read(USER_EXCLUDES_MAX).rstrip(b"\n") + b"\n")
         f.write("".join(f"{p}\n" for p in patterns).encode())
+        with contextlib.suppress(OSError), open(user_excludes_file(), "rb") as user:
+            f.write(user.read(USER_EXCLUDES_MAX))
 
 
 @contextlib.asynccontextmanager
