@@ -100,6 +100,7 @@ class LoopOutcome:
 
 
 OFF_LOOP_CHECK_CHARS = 2048  # a bash command longer than this is checked in a thread
+TEXT_EVENT_CHARS = 4096  # characters of a turn's text its ``assistant_text`` event keeps
 
 CONTINUE = (
     "Your reply was cut off at the output token limit. Continue exactly where it stopped, "
@@ -112,6 +113,17 @@ def cut(text: str, limit: int, where: str = "") -> str:
         return text
     more = f"; {where}" if where else ""
     return text[:limit] + f"\n[output cut at {limit:,} of {len(text):,} characters{more}]"
+
+
+def text_event(turn: int, text: str) -> dict[str, Any]:
+    """The ``assistant_text`` event of a turn: its text, cut at TEXT_EVENT_CHARS (``cut``
+    says so; ``chars`` is the whole length; the whole answer is the run's output)."""
+    return {
+        "turn": turn,
+        "text": text[:TEXT_EVENT_CHARS],
+        "chars": len(text),
+        "cut": len(text) > TEXT_EVENT_CHARS,
+    }
 
 
 def continued(history: list[Message], prompt: str) -> list[Message]:
@@ -234,6 +246,7 @@ class AgentRun:
             self.messages.append({"role": "assistant", "content": content})
             if response.text:
                 self.last_text = response.text
+                ctx.store.add_event(ctx.run_id, "assistant_text", text_event(turns, response.text))
             ctx.store.update_run(ctx.run_id, usage=ctx.usage, summary=self.last_text[:2000])
             if not calls and response.stop_reason == "max_tokens":
                 # The answer was cut at the output limit: ask for the rest, keep the part.
