@@ -367,39 +367,52 @@ def result(
 @handles_errors
 def logs(
     run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream events until the run has ended.")
+    ] = False,
+    tree: Annotated[
+        bool, typer.Option("--tree", "-t", help="Add the events of its children and theirs.")
+    ] = False,
     workdir: WorkdirOpt = None,
-    as_json: JsonOpt = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Raw events: a JSON array (JSON lines with --follow).")
+    ] = False,
 ) -> None:
-    """A run's event stream (run_started, tool_call, tool_result, child_spawned, ...)."""
+    """A run's events, one line each: time, run/agent, event, what it says."""
+    from .logview import Feed, line
+
     project = open_project(workdir)
     store = project.store
-    record = find_run(store, run_id)
+    feed = Feed(store, find_run(store, run_id), tree=tree)
     if as_json and not follow:
-        print_json(store.events(record.run_id))
+        print_json(feed.poll())
         return
-    last = 0
+    width = out.width if out.is_terminal or os.environ.get("COLUMNS") else None
     ticks = 0
-    while True:
-        for e in store.events(record.run_id, after_id=last):
-            last = e["id"]
-            if as_json:  # one JSON object a line while following
-                sys.stdout.write(json.dumps(e, default=str) + "\n")
-                sys.stdout.flush()
-            else:
-                data = json.dumps(e["data"], default=str)
-                line = safe_text(f"{e['id']:>5}", "dim") + " "
-                out.print(
-                    line + safe_text(f"{e['kind']:<14}", "bold") + " " + safe_text(data[:300])
-                )
-        if not follow or store.require_run(record.run_id).status.ended:
-            if not store.events(record.run_id, after_id=last):
-                return
-            continue
-        time.sleep(0.2)
-        ticks += 1
-        if ticks % 5 == 0:
-            reconcile(store)
+    try:
+        while True:
+            for e in feed.poll():
+                if as_json:
+                    sys.stdout.write(json.dumps(e, default=str) + "\n")
+                else:
+                    rid = e["run_id"]
+                    text = line(e, feed.agent(rid), indent=feed.depth(rid), width=width)
+                    out.print(text, soft_wrap=True)
+            sys.stdout.flush()
+            if not follow or feed.done:
+                break
+            time.sleep(0.2)
+            ticks += 1
+            if ticks % 5 == 0:
+                reconcile(store)  # a run whose owner died ends (interrupted)
+                feed.check()
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `orch logs … | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    if follow:
+        raise typer.Exit(feed.exit_code())
 
 
 @app.command()
