@@ -39,8 +39,6 @@ HOSTILE = {
     "C1 CSI": ("\x9b2J", "\\x9b2J"),
 }
 EVIL = " ".join(raw for raw, _ in HOSTILE.values())
-# In `orch logs`, event data is JSON: its escapes are JSON's.
-JSON_SHOWN = [json.dumps(raw)[1:-1] for raw, _ in HOSTILE.values()]
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # Plain output whatever the machine's settings: no colours (they are escape sequences too),
 # and lines wide enough that no escaped sequence is wrapped in the middle.
@@ -223,6 +221,7 @@ def hostile_runs(project: Path) -> dict[str, str]:
                 ended_at=t,
             )
         )
+        store.add_event(child, "assistant_text", {"turn": 1, "text": "says " + raw, "chars": 9})
     store.close()
     return {"root": root, "chain": "c-" + root[2:]}
 
@@ -241,9 +240,13 @@ def test_ps_tree_result_logs_watch_of_hostile_runs(
     assert "error: boom: \\x1b[2J" in result.stdout
     assert "first line\n" in result.stdout and "\\t" not in result.stdout
 
-    logs = run_orch("logs", root, cwd=project)
-    assert_all_shown(logs.stdout, JSON_SHOWN)
-    assert "[/]" in logs.stdout and "[link=http://evil]x[/link]" in logs.stdout
+    logs = run_orch("logs", root, cwd=project)  # a command, an error
+    assert_all_shown(logs.stdout)
+    assert "bash: \\x1b[2J" in logs.stdout and "failed · \\x1b[2J" in logs.stdout
+    tree = run_orch("logs", root, "--tree", cwd=project)  # children: agent names, their text
+    assert tree.stdout.count("assistant_text") == len(HOSTILE)
+    for raw, shown_form in HOSTILE.values():
+        assert f"/{shown(raw[:20])} " in tree.stdout and f"says {shown_form}" in tree.stdout
 
     watch = run_orch("watch", root, "--interval", "0.05", cwd=project, code=1)
     assert_all_shown(watch.stdout)  # the children's rows of the live view
