@@ -173,11 +173,11 @@ def line(
     """One event as one line, cut with … at ``width`` cells (None: at PLAIN_CHARS)."""
     kind = _str(event.get("kind"))
     raw = event.get("data")
-    data: dict[str, Any] = raw if isinstance(raw, dict) else {"data": raw}
+    data: dict[str, Any] = raw if isinstance(raw, dict) else {}
     at = event.get("at")
     stamp = when(at, today) if isinstance(at, int | float) else "?"
     label = "  " * indent + f"{short(event.get('run_id'))}/{shown(agent)}"
-    said = shown(summary(kind, data))
+    said = shown(summary(kind, data) if isinstance(raw, dict) else json.dumps(raw, default=str))
     if width is None and len(said) > PLAIN_CHARS:
         said = said[: PLAIN_CHARS - 1] + "…"
     text = Text.assemble(
