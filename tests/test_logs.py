@@ -259,7 +259,7 @@ def background(project: Path, script: Path, *extra: str) -> str:
 
 
 def test_follow_tree_streams_a_background_run_and_ends_with_it(project: Path) -> None:
-    script = delegating(project, first_latency=1.0, child_latency=0.3)
+    script = delegating(project, first_latency=2.0, child_latency=0.3)
     run_id = background(project, script)
     store = SqliteStore.for_project(project)
     with following(project, run_id, "--tree") as (proc, reader):

@@ -374,11 +374,11 @@ def logs(
         bool, typer.Option("--tree", "-t", help="Add the events of its children and theirs.")
     ] = False,
     workdir: WorkdirOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Raw events: a JSON array (JSON lines with --follow).")
-    ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """A run's events, one line each: time, run/agent, event, what it says."""
+    """A run's events, one line each: time, run/agent, event, what it says.
+
+    --json prints the raw events: a JSON array, or one object a line with --follow."""
     from .logview import Feed, line
 
     project = open_project(workdir)
@@ -408,9 +408,9 @@ def logs(
                 feed.check()
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except BrokenPipeError:  # `orch logs … | head`: the reader has gone
+    except BrokenPipeError:  # `orch logs … | head`: the reader has gone (as Rich does it)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
+        raise typer.Exit(1) from None
     if follow:
         raise typer.Exit(feed.exit_code())
 
