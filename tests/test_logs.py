@@ -134,7 +134,8 @@ def test_lines_say_time_agent_event_and_the_models_text(project: Path) -> None:
     assert said["tool_call"] == "task → explorer: find framework"
     child = json.loads(orch("tree", run_id, "--json", cwd=project).stdout)[1]["run_id"]
     assert said["child_spawned"] == f"{child[:8]}/explorer (shared): find framework"
-    assert said["tool_result"].startswith(f"task ok: {child[:8]} succeeded · agent explorer")
+    ended = f"task ok: {child[:8]} (find framework) succeeded · agent explorer · turns 2"
+    assert said["tool_result"].startswith(ended)  # a child's end: what it was, how it went
     usage = r"succeeded · turns 2 · tools 1 · tokens [\d,]+ in / [\d,]+ out"
     assert re.fullmatch(usage, said["run_finished"])
     assert "CHILD" not in "\n".join(r[5] for r in rows)  # without --tree: its own events only

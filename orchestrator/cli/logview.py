@@ -89,7 +89,7 @@ def _call(data: dict[str, Any]) -> str:
     return f"{tool}: {json.dumps(args, ensure_ascii=False)}"
 
 
-def _result(data: dict[str, Any]) -> str:
+def _result(data: dict[str, Any], children: dict[str, str]) -> str:
     tool = _str(data.get("tool")) or "?"
     preview = _str(data.get("preview"))
     status = "error" if data.get("is_error") else "ok"
@@ -100,7 +100,10 @@ def _result(data: dict[str, Any]) -> str:
     line = first_line(preview)
     child = _CHILD.match(line) if tool in ("task", "task_output") else None
     if child:  # a child's end: "[task r-… succeeded · agent … · turns … · details: …]"
-        return f"{tool} {status}: {short(child.group(1))} {child.group(2)}"
+        said = children.get(child.group(1))
+        ended, _, rest = child.group(2).partition(" · ")
+        what = f" ({prose(said)})" if said else ""
+        return f"{tool} {status}: {short(child.group(1))}{what} {ended} · {rest}"
     chars = data.get("chars")
     size = f" ({chars:,} chars)" if isinstance(chars, int) and chars > len(line) else ""
     return f"{tool} {status}{size}" + (f": {line}" if line else "")
@@ -116,8 +119,9 @@ def _usage(data: dict[str, Any]) -> str:
     )
 
 
-def summary(kind: str, data: dict[str, Any]) -> str:
-    """What an event says, on one line (not yet shown-safe: see :func:`line`)."""
+def summary(kind: str, data: dict[str, Any], children: dict[str, str] | None = None) -> str:
+    """What an event says, on one line (not yet shown-safe: see :func:`line`);
+    ``children``: the description of each child run by id (for a child's end)."""
     if kind == "assistant_text":
         text = prose(data.get("text"))
         chars = data.get("chars")
@@ -126,7 +130,7 @@ def summary(kind: str, data: dict[str, Any]) -> str:
     if kind == "tool_call":
         return _call(data)
     if kind == "tool_result":
-        return _result(data)
+        return _result(data, children or {})
     if kind == "tool_refused":
         return f"{_str(data.get('tool'))} refused: {prose(data.get('reason'))}"
     if kind == "child_spawned":
@@ -169,6 +173,7 @@ def line(
     indent: int = 0,
     width: int | None = None,
     today: str | None = None,
+    children: dict[str, str] | None = None,
 ) -> Text:
     """One event as one line, cut with … at ``width`` cells (None: at PLAIN_CHARS)."""
     kind = _str(event.get("kind"))
@@ -177,7 +182,9 @@ def line(
     at = event.get("at")
     stamp = when(at, today) if isinstance(at, int | float) else "?"
     label = "  " * indent + f"{short(event.get('run_id'))}/{shown(agent)}"
-    said = shown(summary(kind, data) if isinstance(raw, dict) else json.dumps(raw, default=str))
+    said = shown(
+        summary(kind, data, children) if isinstance(raw, dict) else json.dumps(raw, default=str)
+    )
     if width is None and len(said) > PLAIN_CHARS:
         said = said[: PLAIN_CHARS - 1] + "…"
     text = Text.assemble(
@@ -211,6 +218,7 @@ class Feed:
         self.root = root
         self.tree = tree
         self.runs: dict[str, Followed] = {root.run_id: Followed(root)}
+        self.children: dict[str, str] = {}  # child run id -> its description
         for r in store.descendants(root.run_id) if tree else []:
             self.runs[r.run_id] = Followed(r)
         self.check()
@@ -234,7 +242,7 @@ class Feed:
                 f.after = max(f.after, int(e["id"]))
                 if e["kind"] == "run_finished":
                     f.finished = True
-                elif e["kind"] == "child_spawned" and self.tree:
+                elif e["kind"] == "child_spawned":
                     todo.extend(self._adopt(e.get("data")))
             got.extend(events)
             if f.ended_seen is not None and time.monotonic() - f.ended_seen >= ENDED_GRACE_S:
@@ -243,8 +251,11 @@ class Feed:
         return got
 
     def _adopt(self, data: object) -> list[str]:
-        child = data.get("child_run_id") if isinstance(data, dict) else None
-        if not isinstance(child, str) or child in self.runs:
+        if not isinstance(data, dict) or not isinstance(data.get("child_run_id"), str):
+            return []
+        child: str = data["child_run_id"]
+        self.children[child] = _str(data.get("description"))
+        if not self.tree or child in self.runs:
             return []
         record = self.store.get_run(child)
         if record is None:

@@ -396,7 +396,8 @@ def logs(
                     sys.stdout.write(json.dumps(e, default=str) + "\n")
                 else:
                     rid = e["run_id"]
-                    text = line(e, feed.agent(rid), indent=feed.depth(rid), width=width)
+                    agent, depth = feed.agent(rid), feed.depth(rid)
+                    text = line(e, agent, indent=depth, width=width, children=feed.children)
                     out.print(text, soft_wrap=True)
             sys.stdout.flush()
             if not follow or feed.done:
