@@ -20,7 +20,7 @@ from .errors import OrchError
 from .guidance import ALIASES, resolve_agent
 from .models import ModelProvider
 from .policy import child_tools
-from .run import RunRecord, new_chain_id, new_run_id
+from .run import RunRecord, first_line, new_chain_id, new_run_id
 from .spec import Budgets, RunSpec
 from .store import RunStore
 from .tools.base import ToolRegistry
@@ -119,7 +119,7 @@ class Admission:
             agent=definition.name,
             description=spec.description
             or (resumed.description if resumed else "")
-            or (spec.prompt[:80] if parent is None else ""),
+            or (first_line(spec.prompt)[:80] if parent is None else ""),
             isolation=tier.type,
             background=spec.background or (definition.background and parent is not None),
             model=model,

@@ -48,6 +48,11 @@ def new_chain_id() -> str:
     return "c-" + uuid.uuid4().hex[:12]
 
 
+def first_line(text: str) -> str:
+    """The first line of ``text`` with words in it (what a run is for, by its prompt)."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
 def now() -> float:
     return time.time()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from .common import (
     run_label,
 )
 from .engine import make_runner
+from .live import LiveView, branch_lines, live_view
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
@@ -85,6 +87,7 @@ def root_spec(
     max_turns: int | None = None,
     timeout: float | None = None,
     background: bool = False,
+    description: str = "",
 ) -> RunSpec:
     from ..spec import Limits, RunSpec
     from ..workspaces.registry import tier_config
@@ -95,6 +98,7 @@ def root_spec(
     return RunSpec(
         prompt=prompt,
         agent=agent,
+        description=description,
         parent_run_id=parent,
         workdir=project.workdir,
         workspace=tier_config(isolation) if isolation else None,
@@ -107,14 +111,17 @@ def is_git_repo(path: Path) -> bool:
     return (path / ".git").exists()
 
 
-def run_tree(runner: Runner, spec: RunSpec) -> RunRecord:
-    """Run a root spec to its end; in the background: store it and start its worker."""
+def run_tree(runner: Runner, spec: RunSpec, view: LiveView | None = None) -> RunRecord:
+    """Run a root spec to its end (shown by ``view`` meanwhile, if given); in the
+    background: store it and start its worker."""
 
     async def go() -> RunRecord:
         async with runner.models:
+            handle = await runner.spawn(spec)
             if spec.background:
-                return (await runner.spawn(spec)).record
-            return await runner.run(spec)
+                return handle.record
+            with view(handle.record) if view else contextlib.nullcontext():
+                return await runner.run_handle(handle)
 
     return asyncio.run(go())
 
@@ -129,6 +136,9 @@ def report(
     else:
         if result.summary:
             out.print(safe_text(result.summary, multiline=True))
+        runs = [record, *project.store.descendants(record.run_id)]
+        for line in branch_lines(runs):  # on stderr: stdout stays the answer alone
+            err.print(line)
         if result.status != RunStatus.SUCCEEDED:
             err.print(safe_text(f"orch: run {result.run_id} {result.status.value}: {result.error}"))
     if script is not None and result.status == RunStatus.SUCCEEDED:
@@ -146,6 +156,14 @@ def report(
 def task(
     prompt: Annotated[str, typer.Argument(help="What the agent should do.")],
     agent: Annotated[str, typer.Option("--agent", "-a", help="Agent definition.")] = "general",
+    description: Annotated[
+        str,
+        typer.Option(
+            "--description",
+            "-d",
+            help="A few words for `orch ps` (default: the prompt's first line).",
+        ),
+    ] = "",
     isolation: Annotated[
         str | None,
         typer.Option(
@@ -220,13 +238,13 @@ def task(
     provider.check_ready()
     spec = root_spec(
         project, prompt, agent=agent, isolation=isolation, max_depth=max_depth,
-        max_turns=max_turns, timeout=timeout, background=background,
+        max_turns=max_turns, timeout=timeout, background=background, description=description,
     )  # fmt: skip
     runner = make_runner(
         project, provider, agents_dir or [], model_spec=model,
         overrides=overrides,
     )  # fmt: skip
-    record = run_tree(runner, spec)
+    record = run_tree(runner, spec, None if background else live_view(project.store, out, as_json))
     if background:
         if as_json:
             print_json({"run_id": record.run_id, "chain_id": record.chain_id, "status": "running"})
@@ -272,7 +290,7 @@ def resume(
     runner = make_runner(
         project, provider, agents_dir or [], model_spec=model, overrides={"model": model}
     )
-    record = run_tree(runner, spec)
+    record = run_tree(runner, spec, None if background else live_view(project.store, out, as_json))
     if background:
         if as_json:
             print_json(
@@ -360,6 +378,8 @@ def result(
         if res.error:
             out.print(safe_text("error:", "red") + " " + safe_text(res.error))
         out.print(safe_text(res.summary or "(no text yet)", multiline=True))
+        for line in branch_lines([record]):
+            out.print(line)
     raise typer.Exit(res.exit_code if record.status.ended else 0)
 
 

@@ -9,12 +9,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from ..background import owner_alive, reap, reconcile, this_node
 from ..errors import OrchError
-from ..run import EXIT_CODES, RunRecord, RunStatus, now
+from ..run import EXIT_CODES, RunRecord, RunStatus, first_line, now
 from ..store import RunStore
 from .common import (
     STATUS_STYLE,
@@ -26,6 +25,7 @@ from .common import (
     print_json,
     tier_notes,
 )
+from .fit import Column, FitTable, cell
 from .safe import safe_text, shown
 
 PS_KEYS = [
@@ -42,22 +42,41 @@ PS_KEYS = [
     "last_activity",
     "recent_activities",
     "summary",
+    "error",
     "pid",
     "started_at",
     "updated_at",
+    "ended_at",
 ]
 RECENT_S = 3600.0
+ABOUT_CHARS = 200  # a description taken from a prompt's first line
+
+
+def about(description: object, prompt: object) -> str:
+    """What a run is for: its description (the ``task`` call's, or ``--description``), else
+    its prompt's first line (cut at ABOUT_CHARS)."""
+    if isinstance(description, str) and description.strip():
+        return description.strip()
+    first = first_line(prompt if isinstance(prompt, str) else "")
+    return first if len(first) <= ABOUT_CHARS else first[: ABOUT_CHARS - 1] + "…"
 
 
 def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
     usage = raw.get("usage") or {}
+    act = raw.get("last_activity") if isinstance(raw.get("last_activity"), dict) else {}
+    # the run's last sign of life: a tool call, a model turn, a change of state
+    times = [
+        t for t in (raw.get("updated_at"), (act or {}).get("at")) if isinstance(t, float | int)
+    ]
     return {
         **{k: raw.get(k) for k in PS_KEYS if k in raw},
+        "description": about(raw.get("description"), raw.get("prompt")),
         "node": raw.get("node"),  # where it executes: a host name, or host/ray-<node id>
         "tool_uses": usage.get("tool_uses", 0),
         "input_tokens": usage.get("input_tokens", 0),
         "output_tokens": usage.get("output_tokens", 0),
         "last_activity": raw.get("last_activity"),
+        "last_activity_at": max(times) if times else None,
         "recent_activities": raw.get("recent_activities") or [],
         "summary": (raw.get("summary") or "")[:500],
         "os_sandbox": (raw.get("workspace") or {}).get("os_sandbox"),
@@ -116,33 +135,43 @@ def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered
 
 
-def ps_table(rows: list[dict[str, Any]], title: str = "") -> Table:
-    table = Table(title=title or None, expand=False, pad_edge=False)
-    table.add_column("run", no_wrap=True, min_width=14)
-    table.add_column("agent", no_wrap=True, max_width=24)
-    table.add_column("status", no_wrap=True)
-    table.add_column("isolation", no_wrap=True)
-    table.add_column("tools", justify="right")
-    table.add_column("tokens", justify="right")
-    table.add_column("last activity", overflow="fold", ratio=1)
-    table.add_column("age", no_wrap=True)
+PS_COLUMNS = [
+    Column("run"),
+    Column("agent"),
+    Column("status"),
+    Column("isolation", drop=2),
+    Column("description", flex=True, least=12),
+    Column("last activity", flex=True, least=12),
+    Column("active", justify="right"),
+    Column("tokens", justify="right", drop=3),
+    Column("tools", justify="right", drop=5),
+    Column("age", justify="right", drop=4),
+]
+
+
+def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
+    """Runs as a table of one-line cells at any width (``fit.py``): what shrinks first is
+    the description and the activity, then tools, age, tokens and isolation leave."""
     here = this_node()
     remote = any(r.get("node") not in (None, here) for r in rows)
-    if remote:  # runs on cluster nodes: say where each one is
-        table.add_column("node", no_wrap=True)
+    columns = [*PS_COLUMNS, *([Column("node", drop=1)] if remote else [])]
+    table = FitTable(columns, title=Text(title) if title else None)
     for r in rows:  # every cell a Text: what a model or an agent file chose is never markup
         status = RunStatus(r["status"])
         act = r.get("last_activity") or {}
+        active = r.get("last_activity_at")
         table.add_row(
-            safe_text(r["run_id"]),
-            safe_text("  " * int(r.get("depth", 0)) + shown(r.get("agent", ""))),
-            Text(status.value, STATUS_STYLE.get(status, "")),
-            safe_text(str(r.get("isolation", "")) + tier_notes(r)),
-            Text(str(r["tool_uses"])),
-            Text(f"{r['input_tokens'] + r['output_tokens']:,}"),
-            safe_text(str(act.get("summary", "") if isinstance(act, dict) else "")[:60]),
-            Text(age(r.get("started_at") or r.get("created_at"))),
-            *([safe_text(str(r.get("node") or here))] if remote else []),
+            cell(r["run_id"]),
+            cell("  " * int(r.get("depth", 0)) + shown(r.get("agent", ""))),
+            cell(status.value, STATUS_STYLE.get(status, "")),
+            cell(str(r.get("isolation", "")) + tier_notes(r)),
+            cell(r.get("description", "")),
+            cell(act.get("summary", "") if isinstance(act, dict) else ""),
+            cell(age(active) + " ago" if active else "-"),
+            cell(f"{r['input_tokens'] + r['output_tokens']:,}"),
+            cell(r["tool_uses"]),
+            cell(age(r.get("started_at") or r.get("created_at"))),
+            *([cell(r.get("node") or here)] if remote else []),
         )
     return table
 
@@ -164,7 +193,7 @@ def ps(
         return
     out.print(ps_table(rows))
     for line in chain_lines(rows):
-        out.print(safe_text(line))
+        out.print(cell(line))
 
 
 def watch(

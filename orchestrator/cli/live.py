@@ -1,0 +1,196 @@
+"""What a foreground ``orch task`` shows while it runs, and the branch lines it ends with.
+
+On an interactive terminal, :class:`LiveChain` draws the run's chain as a compact tree,
+one line an agent (name, description, status, last activity, tokens, time), redrawn
+every ``POLL_S`` seconds from the store by a thread of its own: the engine's event loop
+never waits for the view, and the view reads what every run writes anyway (the same
+records as ``orch ps``), whichever process writes them. Every cell is one line cut with
+``…`` (``fit.py``), and everything a model chose is shown, never obeyed (``safe.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.text import Text
+
+from ..run import RunRecord, RunStatus
+from ..store import RunStore
+from .common import STATUS_STYLE
+from .fit import Column, FitTable, cell
+from .runs import ps_row, tree_order
+from .safe import safe_text, shown
+
+LiveView = Callable[[RunRecord], AbstractContextManager[Any]]
+POLL_S = 0.2  # five frames a second: lively, and a store read of a few rows each
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+COLUMNS = [
+    Column("agent"),
+    Column("description", flex=True, least=10),
+    Column("status"),
+    Column("last activity", flex=True, least=10),
+    Column("tokens in/out", justify="right", drop=2),
+    Column("time", justify="right", drop=1),
+]
+
+
+def tokens(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 10_000 else str(n)
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes}m{s:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def branches(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Rows in tree order, each with the tree lines drawn before its agent's name."""
+    ordered = tree_order(rows)
+    ids = {r["run_id"] for r in ordered}
+    parent = {r["run_id"]: r.get("parent_run_id") if r.get("parent_run_id") in ids else None
+              for r in ordered}  # fmt: skip
+    last: dict[str | None, str] = {}  # parent -> its last child in the view
+    for r in ordered:
+        last[parent[r["run_id"]]] = r["run_id"]
+    out: list[tuple[str, dict[str, Any]]] = []
+    for r in ordered:
+        run_id, lead = r["run_id"], ""
+        up = parent[run_id]
+        if up is not None:
+            lead = "└─ " if last[up] == run_id else "├─ "
+            p = up
+            while parent[p] is not None:  # the ancestors' own lines, right to left
+                lead = ("   " if last[parent[p]] == p else "│  ") + lead
+                p = parent[p]
+        out.append((lead, r))
+    return out
+
+
+class ChainView:
+    """One frame: a title line, then the chain's runs as a tree of one-line rows."""
+
+    def __init__(self, records: list[RunRecord], root_id: str, frame: int = 0) -> None:
+        self.records, self.root_id, self.frame = records, root_id, frame
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        t = time.time()
+        rows = [ps_row(r.model_dump(mode="json")) for r in self.records]
+        live = sum(1 for r in self.records if not r.status.ended)
+        title = Text.assemble(
+            ("orch ▸ ", "bold"), safe_text(self.root_id),
+            (f" · {len(rows)} agent{'s' if len(rows) != 1 else ''}, {live} running", "dim"),
+        )  # fmt: skip
+        table = FitTable(COLUMNS, title=title)
+        spin = SPINNER[self.frame % len(SPINNER)]
+        for lead, r in branches(rows):
+            status = RunStatus(r["status"])
+            act = r.get("last_activity") or {}
+            start, end = r.get("started_at"), (r.get("ended_at") if status.ended else t)
+            table.add_row(
+                Text.assemble((lead, "dim"), (shown(r.get("agent", "")), "bold")),
+                cell(r.get("description", "")),
+                cell(f"{spin} " if status == RunStatus.RUNNING else "")
+                + cell(status.value, STATUS_STYLE.get(status, "")),
+                cell(r["error"], "red")
+                if status.ended and r.get("error")
+                else cell(act.get("summary", "") if isinstance(act, dict) else "", "dim"),
+                cell(f"{tokens(r['input_tokens'])}/{tokens(r['output_tokens'])}"),
+                cell(duration(max(0.0, end - start)) if start and end else "-"),
+            )
+        yield table
+        yield Text("")  # before the answer
+
+
+class LiveChain:
+    """While its ``with`` body runs, a thread redraws the chain of ``root`` from the store."""
+
+    def __init__(self, store: RunStore, root: RunRecord, console: Console) -> None:
+        self.store, self.root, self.console = store, root, console
+        self.frame = 0
+        self.frames = 0  # drawn, for the record (tests, the overhead measure)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="orch-live", daemon=True)
+        self._live = Live(console=console, auto_refresh=False, transient=False)
+
+    def view(self) -> ChainView:
+        self.frame += 1
+        records = self.store.list_runs(chain_id=self.root.chain_id)
+        return ChainView(records or [self.root], self.root.run_id, self.frame)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(POLL_S):
+                with contextlib.suppress(Exception):  # a frame missed never fails the run
+                    self._live.update(self.view(), refresh=True)
+                    self.frames += 1
+        finally:
+            self.store.close()  # this thread's connection
+
+    def __enter__(self) -> LiveChain:
+        self._live.start()
+        self._live.update(ChainView([self.root], self.root.run_id), refresh=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self._stop.set()
+        self._thread.join()
+        try:
+            self._live.update(self.view(), refresh=True)
+        finally:
+            self._live.stop()
+
+
+def live_view(store: RunStore, console: Console, as_json: bool) -> LiveView | None:
+    """The live view of a foreground run, where it can be drawn: an interactive terminal
+    (rich's test: a tty, not TERM=dumb; FORCE_COLOR and TTY_INTERACTIVE say otherwise), and
+    never with ``--json``."""
+    if as_json or not console.is_interactive:
+        return None
+    return lambda record: LiveChain(store, record, console)
+
+
+def diffstat(files: int, ins: int, dels: int) -> str:
+    """git's summary line (``git diff --shortstat``), word for word."""
+    if not files:
+        return " 0 files changed"
+    line = f" {files} file{'s' if files != 1 else ''} changed"
+    if ins or not dels:
+        line += f", {ins} insertion{'s' if ins != 1 else ''}(+)"
+    if dels or not ins:
+        line += f", {dels} deletion{'s' if dels != 1 else ''}(-)"
+    return line
+
+
+def branch_lines(runs: list[RunRecord]) -> list[Text]:
+    """For each branch the runs left (the root first, then its descendants): its name and
+    commit, and a diffstat line."""
+    lines: list[Text] = []
+    for r in runs:
+        for a in r.artifacts:
+            if a.get("kind") != "branch":
+                continue
+            n = [int(a.get(k) or 0) for k in ("files_changed", "insertions", "deletions")]
+            line = Text.assemble(
+                ("branch ", "bold"), safe_text(a.get("branch", ""), "cyan"),
+                ("  commit ", "bold"), safe_text(str(a.get("commit", ""))[:12]),
+            )  # fmt: skip
+            if r.depth > 0:
+                line.append_text(safe_text(f"  ({r.agent} {r.run_id})", "dim"))
+            lines.append(line)
+            lines.append(Text(diffstat(*n)))
+    return lines
