@@ -21,6 +21,7 @@ from rich.text import Text
 
 from .safe import shown
 
+FLEX_FLOOR = 4  # a flex column keeps this many cells before fixed columns are cut
 GAP = 2  # cells between two columns (a divider and one padding: collapse_padding)
 
 
@@ -62,14 +63,14 @@ def _fill(budget: int, wants: list[int]) -> list[int]:
     return got
 
 
-def _cut_widest(widths: list[int], excess: int) -> list[int]:
-    """Take ``excess`` cells off, one at a time from the widest column (never below 1)."""
-    widths = list(widths)
-    while excess > 0 and max(widths, default=0) > 1:
-        i = widths.index(max(widths))
+def _cut_widest(widths: dict[int, int], excess: int, floor: int) -> int:
+    """Take up to ``excess`` cells off ``widths`` (in place), one at a time from the widest
+    column, none below ``floor``; returns what is still in excess."""
+    while excess > 0 and widths and max(widths.values()) > floor:
+        i = max(widths, key=lambda k: widths[k])
         widths[i] -= 1
         excess -= 1
-    return widths
+    return excess
 
 
 def layout(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[int | None]:
@@ -98,9 +99,11 @@ def layout(columns: Sequence[Column], natural: Sequence[int], width: int) -> lis
         for i, f, e in zip(flex, floors, extra, strict=True):
             widths[i] = f + e
     over = sum(widths.values()) - room
-    if over > 0:  # the last resort: cut every column, widest first
-        cut = _cut_widest([widths[i] for i in idx], over)
-        widths = dict(zip(idx, cut, strict=True))
+    if over > 0:  # the last resort: the flex columns go down to a few cells, then all
+        narrow = {i: widths[i] for i in flex}
+        over = _cut_widest(narrow, over, FLEX_FLOOR)
+        widths.update(narrow)
+        _cut_widest(widths, over, 1)
     return [widths.get(i) for i in range(len(columns))]
 
 
@@ -111,6 +114,7 @@ class FitTable:
         self.columns = list(columns)
         self.rows: list[list[Text]] = []
         self.title = title
+        self.notes: list[Text] = []  # lines under the table, each one line too
 
     def add_row(self, *cells: Text) -> None:
         self.rows.append(list(cells))
@@ -140,3 +144,5 @@ class FitTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table(options.max_width)
+        for note in self.notes:
+            yield one_line(note.copy())

@@ -151,10 +151,17 @@ PS_COLUMNS = [
 
 def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
     """Runs as a table of one-line cells at any width (``fit.py``): what shrinks first is
-    the description and the activity, then tools, age, tokens and isolation leave."""
+    the description and the activity, then tools, age, tokens and isolation leave (not
+    isolation when a run is unsandboxed or on the network)."""
     here = this_node()
     remote = any(r.get("node") not in (None, here) for r in rows)
     columns = [*PS_COLUMNS, *([Column("node", drop=1)] if remote else [])]
+    noted: dict[str, list[str]] = {}  # unsandboxed, or on the network: always said
+    for r in rows:
+        if note := tier_notes(r).strip(" ()"):
+            noted.setdefault(note, []).append(shown(r["run_id"]))
+    if noted:
+        columns[3] = Column("isolation")
     table = FitTable(columns, title=Text(title) if title else None)
     for r in rows:  # every cell a Text: what a model or an agent file chose is never markup
         status = RunStatus(r["status"])
@@ -164,7 +171,7 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
             cell(r["run_id"]),
             cell("  " * int(r.get("depth", 0)) + shown(r.get("agent", ""))),
             cell(status.value, STATUS_STYLE.get(status, "")),
-            cell(str(r.get("isolation", "")) + tier_notes(r)),
+            cell(str(r.get("isolation", "")) + ("*" if tier_notes(r) else "")),
             cell(r.get("description", "")),
             cell(act.get("summary", "") if isinstance(act, dict) else ""),
             cell(age(active) + " ago" if active else "-"),
@@ -173,6 +180,10 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
             cell(age(r.get("started_at") or r.get("created_at"))),
             *([cell(r.get("node") or here)] if remote else []),
         )
+    if len(noted) == 1:
+        table.notes.append(cell(f"* {next(iter(noted))}"))
+    else:
+        table.notes += [cell(f"* {note}: {', '.join(ids)}") for note, ids in noted.items()]
     return table
 
 
