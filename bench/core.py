@@ -3,7 +3,8 @@
 Each measure is compared with the raw primitive measured in the same run:
 - spawn: `task` call → the child's first model request, vs a bare
   ``asyncio.create_task`` of a model call (what any delegation costs at least);
-- fan-out: 32 children at 0.5 s model latency, vs one child (goal ≤ 1.2×).
+- fan-out: 32 children at 0.5 s model latency, vs one child (goal ≤ 1.2×);
+- the live view: the same fan-out drawn as `orch task` draws it on a terminal, vs not.
 """
 
 from __future__ import annotations
@@ -72,6 +73,48 @@ async def _tree(root: Path, fan: int, latency: float, cap: int) -> tuple[float, 
     wall = time.perf_counter() - t0
     assert rec.status.value == "succeeded", rec.error
     return wall, model
+
+
+async def _tree_viewed(root: Path, fan: int, latency: float, view: bool) -> float:
+    """``_tree``, with the live view of a foreground `orch task` drawing it (or not) on a
+    terminal-like console: what the view costs the run."""
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.live import LiveChain
+
+    model = BenchModel(fan, latency)
+    settings = Settings(max_parallel_children=fan, max_chain_running=fan)
+    runner = Runner(settings=settings, store=open_store(root), catalog=load_catalog(root),
+                    models=ModelProvider(settings, model=model))  # fmt: skip
+    console = Console(file=io.StringIO(), force_terminal=True, force_interactive=True,
+                      width=120, height=40)  # fmt: skip
+    t0 = time.perf_counter()
+    handle = await runner.spawn(RunSpec(prompt="bench", workdir=root))
+    shown = LiveChain(runner.store, handle.record, console) if view else contextlib.nullcontext()
+    with shown:
+        rec = await runner.run_handle(handle)
+    assert rec.status.value == "succeeded", rec.error
+    return time.perf_counter() - t0
+
+
+def live_view_cost(root: Path, samples: int = 7) -> dict[str, Any]:
+    """A fan-out of 32 children at 0.5 s, drawn live at 5 Hz vs not drawn, median wall."""
+    plain, drawn = [], []
+    for _ in range(samples):
+        plain.append(asyncio.run(_tree_viewed(root, 32, 0.5, False)))
+        drawn.append(asyncio.run(_tree_viewed(root, 32, 0.5, True)))
+    p_med, d_med = statistics.median(plain) * 1000, statistics.median(drawn) * 1000
+    return {
+        "measure": "fan-out 32 children @0.5 s drawn live (orch task on a tty) vs not, wall",
+        "orch_ms": d_med,
+        "raw_ms": p_med,
+        "ratio": d_med / p_med if p_med else None,
+        "goal": "≤ 1.1×",
+        "met": d_med / p_med <= 1.1,
+    }
 
 
 async def _raw_spawn() -> float:
@@ -192,6 +235,7 @@ def run(samples: int = 60) -> list[dict[str, Any]]:
                 }
             )
         rows.append(context_economy(root))
+        rows.append(live_view_cost(root))
         sandboxed = bash_overhead(root)
         if sandboxed is not None:
             rows.append(sandboxed)

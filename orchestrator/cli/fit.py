@@ -14,15 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rich import box
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.table import Table
-from rich.text import Text
+from rich.text import Span, Text
 
 from .safe import shown
 
 FLEX_FLOOR = 4  # a flex column keeps this many cells before fixed columns are cut
-GAP = 2  # cells between two columns (a divider and one padding: collapse_padding)
+GAP = 2  # blanks between two columns
 
 
 @dataclass(frozen=True)
@@ -119,30 +118,60 @@ class FitTable:
     def add_row(self, *cells: Text) -> None:
         self.rows.append(list(cells))
 
-    def table(self, width: int) -> Table:
+    def lines(self, width: int) -> list[Text]:
+        """The title, the header, its rule and one line a row, none wider than ``width``.
+
+        Drawn by hand, not by ``rich.table``: a frame of a live view with a hundred rows
+        is then a few milliseconds, not a fifth of a second."""
         natural = [
             max([len(c.header), *(r[i].cell_len for r in self.rows)])
             for i, c in enumerate(self.columns)
         ]
         widths = layout(self.columns, natural, width)
-        keep = [i for i, w in enumerate(widths) if w is not None]
-        title = one_line(self.title.copy()) if self.title is not None else None
-        table = Table(
-            title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-            padding=(0, 1), collapse_padding=True, expand=False, title_justify="left",
-        )  # fmt: skip
-        for i in keep:
-            c = self.columns[i]
-            header = Text(c.header, style="bold", no_wrap=True, overflow="ellipsis")
-            table.add_column(
-                header, justify=c.justify, no_wrap=True, overflow="ellipsis",
-                width=widths[i], min_width=widths[i], max_width=widths[i],
-            )  # fmt: skip
-        for row in self.rows:
-            table.add_row(*(one_line(row[i]) for i in keep))
-        return table
+        keep = [(i, w) for i, w in enumerate(widths) if w is not None]
+        header = [Text(c.header, style="bold") for c in self.columns]
+        lines = [] if self.title is None else [self._fit(self.title, width)]
+        lines.append(self._line(header, keep))
+        lines.append(Text("─" * (sum(w for _, w in keep) + GAP * (len(keep) - 1)), style="dim"))
+        lines += [self._line(row, keep) for row in self.rows]
+        return lines + [self._fit(note, width) for note in self.notes]
+
+    @staticmethod
+    def _fit(text: Text, width: int) -> Text:
+        cut = text.copy()
+        cut.truncate(max(1, width), overflow="ellipsis")
+        return cut
+
+    def _line(self, cells: list[Text], keep: list[tuple[int, int]]) -> Text:
+        """One line of cells, each cut or padded to its width, as one ``Text`` (its styles
+        as spans): cheap to draw many times a second."""
+        plain: list[str] = []
+        spans: list[Span] = []
+        at = 0  # characters so far (spans count characters; widths count cells)
+        for n, (i, width) in enumerate(keep):
+            if n:
+                plain.append(" " * GAP)
+                at += GAP
+            piece = cells[i]
+            text = piece.plain
+            if cell_len(text) > width:
+                text = set_cell_size(text, width - 1) + "…" if width > 1 else "…"
+            pad = " " * (width - cell_len(text))
+            if self.columns[i].justify == "right":
+                plain.append(pad)
+                at += len(pad)
+            if piece.style:
+                spans.append(Span(at, at + len(text), piece.style))
+            for span in piece.spans:
+                if span.start < len(text):
+                    spans.append(Span(at + span.start, at + min(span.end, len(text)), span.style))
+            plain.append(text)
+            at += len(text)
+            if self.columns[i].justify != "right" and n < len(keep) - 1:
+                plain.append(pad)  # no trailing blanks after the last column
+                at += len(pad)
+        return Text("".join(plain), spans=spans, no_wrap=True, overflow="ellipsis")
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.table(options.max_width)
-        for note in self.notes:
-            yield one_line(note.copy())
+        for line in self.lines(options.max_width):
+            yield one_line(line)

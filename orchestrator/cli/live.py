@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -31,6 +32,7 @@ from .safe import safe_text, shown
 
 LiveView = Callable[[RunRecord], AbstractContextManager[Any]]
 POLL_S = 0.2  # five frames a second: lively, and a store read of a few rows each
+SLACK = 20  # ... or less often: at most one part in SLACK of the time goes to the view
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 COLUMNS = [
@@ -77,6 +79,23 @@ def branches(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def visible(
+    rows: list[tuple[str, dict[str, Any]]], room: int
+) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+    """At most ``room`` rows, in tree order: the root, the runs still going, then those
+    that ended last; and the rows left out."""
+    if len(rows) <= room:
+        return rows, []
+    ended = sorted(
+        (n for n, (_, r) in enumerate(rows) if n and RunStatus(r["status"]).ended),
+        key=lambda n: rows[n][1].get("ended_at") or 0.0,
+    )
+    going = [n for n, (_, r) in enumerate(rows) if n and not RunStatus(r["status"]).ended]
+    keep = {0, *going[: room - 1]}
+    keep.update(ended[::-1][: max(0, room - len(keep))])
+    return [rows[n] for n in sorted(keep)], [r for n, (_, r) in enumerate(rows) if n not in keep]
+
+
 class ChainView:
     """One frame: a title line, then the chain's runs as a tree of one-line rows."""
 
@@ -93,7 +112,8 @@ class ChainView:
         )  # fmt: skip
         table = FitTable(COLUMNS, title=title)
         spin = SPINNER[self.frame % len(SPINNER)]
-        for lead, r in branches(rows):
+        shown_rows, left = visible(branches(rows), max(3, console.height - 6))
+        for lead, r in shown_rows:
             status = RunStatus(r["status"])
             act = r.get("last_activity") or {}
             start, end = r.get("started_at"), (r.get("ended_at") if status.ended else t)
@@ -108,6 +128,10 @@ class ChainView:
                 cell(f"{tokens(r['input_tokens'])}/{tokens(r['output_tokens'])}"),
                 cell(duration(max(0.0, end - start)) if start and end else "-"),
             )
+        if left:
+            ended = Counter(RunStatus(r["status"]).value for r in left)
+            what = ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
+            table.notes.append(Text(f"… and {len(left)} more: {what}", style="dim"))
         yield table
         yield Text("")  # before the answer
 
@@ -129,11 +153,15 @@ class LiveChain:
         return ChainView(records or [self.root], self.root.run_id, self.frame)
 
     def _loop(self) -> None:
+        pause = POLL_S
         try:
-            while not self._stop.wait(POLL_S):
+            while not self._stop.wait(pause):
+                began = time.perf_counter()
                 with contextlib.suppress(Exception):  # a frame missed never fails the run
                     self._live.update(self.view(), refresh=True)
                     self.frames += 1
+                # a big chain is drawn less often: the view takes at most ~5% of the time
+                pause = max(POLL_S, SLACK * (time.perf_counter() - began))
         finally:
             self.store.close()  # this thread's connection
 
