@@ -208,6 +208,8 @@ def test_off_a_terminal_the_output_stays_plain(repo: Path) -> None:
 
     rows = json.loads(orch("ps", "--json", cwd=repo).stdout)
     root = next(row for row in rows if row["depth"] == 0)
+    shown = orch("result", root["run_id"], cwd=repo)  # `orch result` names the branch too
+    assert f"branch {branches[0]}  commit " in shown.stdout and "2 insertions(+)" in shown.stdout
     assert root["description"] == "parser " + HOSTILE  # --description: kept exactly
     assert sorted(row["description"] for row in rows if row["depth"] == 1) == [
         HOSTILE + " tests",
