@@ -4,8 +4,7 @@ with the answer and the branches; off a terminal it stays plain.
 The real CLI runs under a pseudo-terminal (``pty``) with a fixed width and the stream it
 writes is read back: each frame of the live view is the whole tree, so the last frame,
 with the escape sequences taken out, is what the screen shows at the end. The runs are
-worktree runs whose agents only write files; ``sandbox.os = "off"`` in the user's own
-config (no bash runs, so nothing here depends on bubblewrap).
+worktree runs (sandboxed by the system or the bundled bubblewrap) whose agents write files.
 """
 
 from __future__ import annotations
@@ -100,9 +99,6 @@ def script(latency: float) -> dict[str, Any]:
 
 @pytest.fixture
 def repo(project: Path) -> Path:
-    config = Path(os.environ["HOME"]) / ".orch" / "config.toml"  # the user's own: no trust
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text('[sandbox]\nos = "off"\n')
     return init_repo(project)
 
 
