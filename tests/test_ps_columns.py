@@ -190,3 +190,24 @@ def test_an_unsandboxed_run_is_marked_at_any_width(project: Path) -> None:
         if columns >= 80:  # the tier stays, marked
             assert [line.count("shared*") for line in lines[2:4]] == [1, 0], lines
         assert lines[-1] == "* unsandboxed"
+
+
+def test_the_live_tree_holds_to_the_screen_running_runs_first() -> None:
+    t = now()
+    root = RunRecord(run_id=new_run_id(), chain_id="c-1", status=RunStatus.RUNNING, started_at=t)
+    kids = [
+        RunRecord(
+            run_id=new_run_id(), chain_id="c-1", parent_run_id=root.run_id, depth=1,
+            description=f"child {n}", started_at=t, ended_at=None if n % 10 == 0 else t + n,
+            status=RunStatus.RUNNING if n % 10 == 0 else RunStatus.SUCCEEDED,
+        )
+        for n in range(40)
+    ]  # fmt: skip
+    console = Console(width=80, height=12, color_system=None)
+    with console.capture() as cap:
+        console.print(ChainView([root, *kids], root.run_id))
+    lines = cap.get().rstrip("\n").splitlines()
+    assert len(lines) <= 11, lines  # the screen's height, less the prompt's line
+    assert sum("running" in line for line in lines[3:]) == 5  # the root and the 4 running
+    assert "child 39" in "".join(lines) and "child 1 " not in "".join(lines)  # latest ended
+    assert lines[-1] == "… and 35 more: 35 succeeded"

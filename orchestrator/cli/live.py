@@ -56,7 +56,7 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{s:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
-def branches(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+def tree_lines(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows in tree order, each with the tree lines drawn before its agent's name."""
     ordered = tree_order(rows)
     ids = {r["run_id"] for r in ordered}
@@ -112,7 +112,7 @@ class ChainView:
         )  # fmt: skip
         table = FitTable(COLUMNS, title=title)
         spin = SPINNER[self.frame % len(SPINNER)]
-        shown_rows, left = visible(branches(rows), max(3, console.height - 6))
+        shown_rows, left = visible(tree_lines(rows), max(3, console.height - 6))
         for lead, r in shown_rows:
             status = RunStatus(r["status"])
             act = r.get("last_activity") or {}

@@ -161,7 +161,8 @@ def task(
         typer.Option(
             "--description",
             "-d",
-            help="A few words for `orch ps` (default: the prompt's first line).",
+            help="What the run is for, in a few words: shown by ps and watch, the subject of "
+            "its commit (default: the prompt's first line).",
         ),
     ] = "",
     isolation: Annotated[
