@@ -22,7 +22,8 @@ from orchestrator.errors import NotFound, OrchError, UsageError
 from orchestrator.orchignore import STATE_IGNORE
 from orchestrator.osbox import bwrap_choice
 from orchestrator.repo import parse_shortstat, short_run_id
-from orchestrator.run import new_run_id
+from orchestrator.run import RunRecord, RunStatus, new_run_id
+from orchestrator.store import SqliteStore
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.worktree import (
     WorktreeWorkspace,
@@ -285,7 +286,8 @@ def test_parallel_workspaces_across_processes(repo: Path) -> None:
         """
         import asyncio, sys
         from pathlib import Path
-        from orchestrator.run import new_run_id
+        from orchestrator.run import RunRecord, RunStatus, new_run_id
+from orchestrator.store import SqliteStore
         from orchestrator.workspaces.base import WorkspaceSpec
         from orchestrator.workspaces.worktree import WorktreeWorkspace
 
@@ -561,3 +563,26 @@ def test_exec_refuses_before_enter(repo: Path) -> None:
     with pytest.raises(OrchError, match="not open"):
         asyncio.run(ws.exec("touch oops", timeout_s=5, env=ENV))
     assert not (repo / "oops").exists()
+
+
+def test_cli_merge_takes_a_run_prefix_and_dash_c(repo: Path, tmp_path: Path) -> None:
+    """`orch worktrees merge` resolves a run as every command does (any unique prefix, with
+    or without ``r-``) and works on the repository -C names, from anywhere."""
+    _, run_id = run_changes(repo, {"prefix.txt": "p\n"})
+    store = SqliteStore.for_project(repo)
+    store.create_run(RunRecord(run_id=run_id, chain_id="c-test", status=RunStatus.SUCCEEDED))
+    store.close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    runner = CliRunner()
+    args = ["-C", str(repo), "--json"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(elsewhere)  # not a repository: only -C points at one
+        listed = runner.invoke(worktrees_app, ["list", *args])
+        assert listed.exit_code == 0, listed.output
+        assert [i["run_id"] for i in json.loads(listed.stdout)] == [run_id]
+        merged = runner.invoke(worktrees_app, ["merge", run_id[2:8], *args])
+    assert merged.exit_code == 0, merged.output
+    report = json.loads(merged.stdout)
+    assert report["run_id"] == run_id and report["files_changed"] == 1
+    assert (repo / "prefix.txt").read_text() == "p\n"

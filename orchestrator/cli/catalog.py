@@ -9,8 +9,7 @@ import typer
 from rich.table import Table
 
 from ..agent_trust import guard, load_trusted
-from ..paths import project_root
-from .common import announce_trust, err, handles_errors, out, print_json
+from .common import WorkdirOpt, announce_trust, err, handles_errors, out, print_json, root_of
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = N
     ``--agents-dir`` flags come first, then ``agents_dirs`` from the settings
     (relative ones are taken from the project root).
     """
-    root = project_root(workdir)
+    root = root_of(workdir)
     settings, trust = load_trusted(root)
     announce_trust(trust)
     configured = [root / Path(d).expanduser() for d in settings.agents_dirs]
@@ -67,9 +66,11 @@ def _source(source: str) -> str:
 
 @agents_app.command("list")
 @handles_errors
-def agents_list(json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> None:
+def agents_list(
+    json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None, workdir: WorkdirOpt = None
+) -> None:
     """List the agents that `task` and `orch task --agent` can use."""
-    catalog = open_catalog(agents_dir)
+    catalog = open_catalog(agents_dir, workdir)
     agents = sorted(catalog.agents.values(), key=lambda a: a.name)
     if json_out:
         print_json(
@@ -103,9 +104,14 @@ def agents_list(json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> N
 
 @agents_app.command("show")
 @handles_errors
-def agents_show(name: str, json_out: JsonOpt = False, agents_dir: AgentsDirOpt = None) -> None:
+def agents_show(
+    name: Annotated[str, typer.Argument(help="The agent's name (`orch agents list`).")],
+    json_out: JsonOpt = False,
+    agents_dir: AgentsDirOpt = None,
+    workdir: WorkdirOpt = None,
+) -> None:
     """Show one agent: its settings, warnings and system prompt."""
-    agent = open_catalog(agents_dir).agent(name)
+    agent = open_catalog(agents_dir, workdir).agent(name)
     if json_out:
         print_json(agent.model_dump())
         return
@@ -167,9 +173,9 @@ def agents_validate(
 
 @skills_app.command("list")
 @handles_errors
-def skills_list(json_out: JsonOpt = False) -> None:
+def skills_list(json_out: JsonOpt = False, workdir: WorkdirOpt = None) -> None:
     """List the skills agents can load with load_skill."""
-    catalog = open_catalog()
+    catalog = open_catalog(workdir=workdir)
     skills = sorted(catalog.skills.values(), key=lambda s: s.name)
     if json_out:
         print_json(
@@ -197,9 +203,13 @@ def skills_list(json_out: JsonOpt = False) -> None:
 
 @skills_app.command("show")
 @handles_errors
-def skills_show(name: str, json_out: JsonOpt = False) -> None:
+def skills_show(
+    name: Annotated[str, typer.Argument(help="The skill's name (`orch skills list`).")],
+    json_out: JsonOpt = False,
+    workdir: WorkdirOpt = None,
+) -> None:
     """Show one skill's description and full instructions."""
-    skill = open_catalog().skill(name)
+    skill = open_catalog(workdir=workdir).skill(name)
     if json_out:
         print_json(skill.model_dump())
         return

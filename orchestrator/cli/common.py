@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,6 +26,24 @@ from ..run import RunRecord, RunStatus
 from ..store import RunStore, open_store
 from ..trust import Trust, TrustCap
 from .safe import safe_text, shown
+
+# The project a command works on; every command that reads a project takes it (doctor too):
+#     def cmd(..., workdir: WorkdirOpt = None) -> None: project = open_project(workdir)
+WorkdirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--workdir", "-C", metavar="DIR", help="Project directory (default: the current one)."
+    ),
+]
+
+# Choices of options, listed by help and checked by Typer: TIER_NAMES
+# (workspaces/registry.py, not imported here: `orch ps` stays fast) and Settings.executor.
+Isolation = Literal["shared", "worktree", "container"]
+Executor = Literal["local", "ray"]
+ISOLATION_HELP = (
+    "Where the agent works: in your directory (shared), on a branch of its own in a git "
+    "worktree, or in a Docker container. Default: the agent's, else shared."
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -95,6 +113,14 @@ def announce_trust(trust: Trust) -> None:
         err.print(safe_text(line))
 
 
+def root_of(workdir: Path | None) -> Path:
+    """The project of ``-C DIR`` (default: the current directory): its git top level, or it."""
+    wd = (workdir or Path.cwd()).expanduser()
+    if not wd.is_dir():
+        raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
+    return project_root(wd)
+
+
 def open_project(
     workdir: Path | None = None,
     *,
@@ -103,9 +129,7 @@ def open_project(
     **overrides: Any,
 ) -> Project:
     wd = (workdir or Path.cwd()).expanduser()
-    if not wd.is_dir():
-        raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
-    root = project_root(wd)
+    root = root_of(wd)
     settings, trust = load_trusted(root, overrides, cap=trust_cap)
     if not quiet:
         announce_trust(trust)
@@ -116,18 +140,33 @@ def open_project(
     return Project(root=root, workdir=wd.resolve(), settings=settings, store=store, trust=trust)
 
 
+AMBIGUOUS_SHOWN = 4  # candidates an ambiguous prefix lists
+
+
 def find_run(store: RunStore, ref: str) -> RunRecord:
-    """A run by id or unique id prefix."""
+    """The run ``ref`` names: its id, or any unique prefix of it (with or without ``r-``, as
+    branch names show it). Every command that takes a run resolves it here."""
+    ref = ref.strip()
+    if not ref:
+        raise UsageError(
+            "no run given; pass a run id or its first characters (`orch ps` lists them)"
+        )
     record = store.get_run(ref)
     if record is not None:
         return record
     matches = store.find_runs(ref)
+    if not matches and not ref.startswith("r-"):
+        matches = store.find_runs("r-" + ref)
     if len(matches) == 1:
         return matches[0]
-    if len(matches) > 1:
+    if matches:
+        shown_ids = ", ".join(m.run_id for m in matches[:AMBIGUOUS_SHOWN])
+        more = (
+            f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
+        )
         raise UsageError(
-            f"{ref!r} matches {len(matches)} runs ({', '.join(m.run_id for m in matches[:5])}…); "
-            "give more of the id"
+            f"{ref!r} matches {len(matches)} runs ({shown_ids}{more}); "
+            "type more characters of the id"
         )
     raise NotFound(f"no run {ref!r} in {store.describe()}; `orch ps --all` lists the runs it holds")
 

@@ -19,7 +19,11 @@ from ..background import reconcile
 from ..errors import UsageError
 from ..run import RunRecord, RunResult, RunStatus
 from .common import (
+    ISOLATION_HELP,
+    Executor,
+    Isolation,
     Project,
+    WorkdirOpt,
     chain_tree,
     err,
     find_run,
@@ -30,6 +34,7 @@ from .common import (
     run_label,
 )
 from .engine import make_runner
+from .helpstyle import OrchGroup
 from .live import LiveView, branch_lines, live_view
 from .safe import safe_markup, safe_text
 
@@ -39,6 +44,7 @@ if TYPE_CHECKING:  # the engine is imported only by the commands that run agents
     from ..spec import RunSpec
 
 app = typer.Typer(
+    cls=OrchGroup,  # classic help for every command below it (helpstyle.py)
     name="orch",
     help="Sandboxed multi-agent orchestrator: delegate work to child agents.",
     no_args_is_help=True,
@@ -46,9 +52,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-WorkdirOpt = Annotated[
-    Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
-]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 AgentsDirOpt = Annotated[
     list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
@@ -165,12 +168,7 @@ def task(
             "its commit (default: the prompt's first line).",
         ),
     ] = "",
-    isolation: Annotated[
-        str | None,
-        typer.Option(
-            help="Isolation tier (default: the agent's, else shared); a wrong name lists them."
-        ),
-    ] = None,
+    isolation: Annotated[Isolation | None, typer.Option(help=ISOLATION_HELP)] = None,
     background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
     model: Annotated[
         str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
@@ -192,8 +190,8 @@ def task(
         int | None, typer.Option(min=1, help="Children of one parent running at once.")
     ] = None,
     executor: Annotated[
-        str | None,
-        typer.Option(help="Where worktree/container runs execute: local, or ray (RAY_ADDRESS)."),
+        Executor | None,
+        typer.Option(help="Where worktree and container runs execute: here, or on a Ray cluster."),
     ] = None,
     max_turns: Annotated[
         int | None, typer.Option(min=1, help="Turns before the run fails.")
@@ -271,8 +269,8 @@ def resume(
 ) -> None:
     """Continue an ended root run: its conversation, workspace and branch, with PROMPT next.
 
-    A new run (its record says resumed_from) in the same chain, with the same agent and
-    tier; a child is resumed by its parent through `task {resume}`."""
+    A new run (its record says resumed_from) in the same delegation tree, with the same agent
+    and isolation; a child run is resumed by its parent agent (the task tool's resume)."""
     if not prompt.strip():
         raise UsageError("the prompt is empty; say what the agent should do next")
     from ..models import ModelProvider
@@ -309,7 +307,8 @@ def resume(
 @handles_errors
 def demo(
     workdir: Annotated[
-        Path | None, typer.Option("--workdir", "-C", help="Where to make the demo project.")
+        Path | None,
+        typer.Option("--workdir", "-C", metavar="DIR", help="Where to make the demo project."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -440,11 +439,11 @@ def logs(
 @app.command()
 @handles_errors
 def tree(
-    ref: Annotated[str, typer.Argument(help="A run id or a chain id.")],
+    ref: Annotated[str, typer.Argument(help="A run id (or its first characters), or a chain id.")],
     workdir: WorkdirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The QueryChain of a run: every run of its chain with depth and status."""
+    """A run's delegation tree: every run of it with depth, status and usage."""
     project = open_project(workdir)
     runs = project.store.list_runs(chain_id=ref)
     if not runs:

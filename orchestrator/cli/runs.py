@@ -17,6 +17,7 @@ from ..run import EXIT_CODES, RunRecord, RunStatus, first_line, now
 from ..store import RunStore
 from .common import (
     STATUS_STYLE,
+    WorkdirOpt,
     age,
     find_run,
     handles_errors,
@@ -189,8 +190,8 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
 
 def ps(
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Every run.")] = False,
-    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    workdir: WorkdirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Runs as a table: running ones and those that ended in the last hour."""
     project = open_project(workdir)
@@ -208,8 +209,10 @@ def ps(
 
 
 def watch(
-    run_id: Annotated[str | None, typer.Argument(help="A run (default: all running).")] = None,
-    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    run_id: Annotated[
+        str | None, typer.Argument(help="A run id or its first characters (default: all running).")
+    ] = None,
+    workdir: WorkdirOpt = None,
     interval: Annotated[float, typer.Option(help="Refresh every S seconds.")] = 0.5,
 ) -> None:
     """A live view of a run and its children until they end; exits with the run's code."""
@@ -242,9 +245,9 @@ def watch(
 
 def cancel(
     run_id: Annotated[str, typer.Argument(help="The run to cancel, with all its descendants.")],
-    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    workdir: WorkdirOpt = None,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the owner to stop them.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Cancel a run and every descendant; returns once they have all stopped."""
     project = open_project(workdir)
@@ -291,7 +294,7 @@ def _force_cancel(store: RunStore, record: RunRecord, why: str) -> None:
 
 def worker(
     run_id: Annotated[str, typer.Argument()],
-    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    workdir: WorkdirOpt = None,
 ) -> None:
     """(internal) Run a queued run detached from any terminal."""
     from .engine import worker_runner
@@ -311,7 +314,7 @@ def host(
     lock_fd: Annotated[int | None, typer.Option("--lock-fd")] = None,
     run: Annotated[str | None, typer.Option("--run")] = None,
     launcher: Annotated[int, typer.Option("--launcher")] = 0,
-    workdir: Annotated[Path | None, typer.Option("--workdir", "-C")] = None,
+    workdir: WorkdirOpt = None,
 ) -> None:
     """(internal) The worker host of a state dir: runs many detached runs in one process."""
     from ..hostlink import store_setting

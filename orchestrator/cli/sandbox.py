@@ -11,8 +11,7 @@ import typer
 
 from ..agent_trust import load_trusted
 from ..errors import OrchError
-from ..paths import project_root
-from .common import age, announce_trust, handles_errors, print_json
+from .common import WorkdirOpt, age, announce_trust, handles_errors, print_json, root_of
 from .safe import shown
 
 sandbox_app = typer.Typer(
@@ -57,10 +56,10 @@ def build_cmd(
         raise OrchError(f"sandbox build failed (exit {code}); see the output above")
 
 
-def _effective(as_root: bool) -> dict[str, Any]:
+def _effective(as_root: bool, workdir: Path | None) -> dict[str, Any]:
     from ..workspaces.pool import sandbox_user
 
-    settings, trust = load_trusted(project_root())
+    settings, trust = load_trusted(root_of(workdir))
     announce_trust(trust)
     cfg = settings.sandbox
     data = cfg.model_dump()
@@ -76,9 +75,9 @@ def _effective(as_root: bool) -> dict[str, Any]:
 
 @sandbox_app.command("config")
 @handles_errors
-def config_cmd(as_json: JsonFlag = False) -> None:
-    """Print the effective sandbox settings (the lockdown every container gets)."""
-    data = _effective(os.geteuid() == 0)
+def config_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
+    """Print the sandbox settings in effect: the limits every container gets."""
+    data = _effective(os.geteuid() == 0, workdir)
     if as_json:
         print_json(data)
         return
@@ -131,14 +130,14 @@ def ps_cmd(as_json: JsonFlag = False) -> None:
 
 @sandbox_app.command("prune")
 @handles_errors
-def prune_cmd(as_json: JsonFlag = False) -> None:
-    """Remove orch containers whose owner process is gone (the runs of this project that
-    own one are reconciled first: their work is kept on their branches)."""
+def prune_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
+    """Remove orch containers whose owner process is gone (first, the ended runs of this
+    project that own one get their work saved to their branches)."""
     from ..background import reconcile
     from ..store import open_store
     from ..workspaces.container import reap_by_label
 
-    root = project_root()
+    root = root_of(workdir)
     store = open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted
     try:
         reconcile(store)  # salvages what this project's interrupted runs left in containers

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from ..errors import UsageError
-from .common import err, handles_errors, open_project, out, print_json
+from .common import WorkdirOpt, err, handles_errors, open_project, out, print_json
 from .safe import safe_markup as escape  # also writes out control characters
 from .safe import safe_text
 
@@ -55,7 +54,8 @@ def run(
     ] = "reviewer",
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds at most.")] = 3,
     isolation: Annotated[
-        str, typer.Option("--isolation", help="The writer's tier: worktree | container.")
+        Literal["worktree", "container"],
+        typer.Option(help="Where the writer works: a git worktree, or a Docker container."),
     ] = "worktree",
     merge: Annotated[
         bool, typer.Option("--merge", help="Merge the branch into your HEAD when approved.")
@@ -73,18 +73,14 @@ def run(
     agents_dir: Annotated[
         list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
     ] = None,
-    workdir: Annotated[
-        Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
-    ] = None,
+    workdir: WorkdirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
     from ..models import ModelProvider
-    from ..team import TEAM_ISOLATIONS, run_team
+    from ..team import run_team
     from .engine import make_runner
 
-    if isolation not in TEAM_ISOLATIONS:
-        raise UsageError(f"--isolation must be {' or '.join(TEAM_ISOLATIONS)}, not {isolation!r}")
     project = open_project(workdir, model=model)
     provider = ModelProvider(project.settings, model)
     provider.check_ready()

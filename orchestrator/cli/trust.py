@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,8 +14,7 @@ import typer
 from .. import trust as trusting
 from ..agent_trust import load_trusted
 from ..errors import UsageError
-from ..paths import project_root
-from .common import handles_errors, out, print_json
+from .common import WorkdirOpt, handles_errors, out, print_json, root_of
 from .safe import safe_text
 
 
@@ -42,9 +40,7 @@ def trust(
     revoke: Annotated[
         bool, typer.Option("--revoke", help="Stop trusting this repository.")
     ] = False,
-    workdir: Annotated[
-        Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
-    ] = None,
+    workdir: WorkdirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Let this repository's settings that run commands or weaken isolation apply.
@@ -54,10 +50,7 @@ def trust(
     """
     if show and revoke:
         raise UsageError("--show and --revoke do not go together; use one of them")
-    wd = (workdir or Path.cwd()).expanduser()
-    if not wd.is_dir():
-        raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
-    root = project_root(wd)
+    root = root_of(workdir)
     if revoke:
         removed = trusting.revoke(root)
         if as_json:

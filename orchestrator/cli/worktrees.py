@@ -6,21 +6,19 @@ import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import OrchError
-from ..paths import project_root
-from .common import fail
+from ..errors import NotFound
+from .common import WorkdirOpt, find_run, handles_errors, root_of
 from .safe import safe_text, shown
 
 if TYPE_CHECKING:
     from ..branches import PruneReport
-
-T = TypeVar("T")
+    from ..store import RunStore
 
 worktrees_app = typer.Typer(
     help="Branches of runs with isolation 'worktree' (orch/<agent>/<id>): list, merge, prune.",
@@ -30,14 +28,26 @@ worktrees_app = typer.Typer(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
-def _call(make: Callable[[Path], T]) -> T:
-    """Run one operation on the repository of the current directory; errors become one line."""
+def _open_store(root: Path) -> RunStore:
+    from ..agent_trust import load_trusted
+    from ..store import open_store
+
+    return open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted
+
+
+def _target(root: Path, target: str) -> str:
+    """A branch name as given; else the run it names (any unique prefix, as every command
+    takes one). A run the store does not know is left to the branches' own names."""
+    target = target.strip()
+    if "/" in target:
+        return target
+    store = _open_store(root)
     try:
-        return make(project_root())
-    except OrchError as e:
-        raise fail(str(e), e.exit_code) from None
-    except KeyboardInterrupt:
-        raise fail("interrupted", 130) from None
+        return find_run(store, target).run_id
+    except NotFound:
+        return target
+    finally:
+        store.close()
 
 
 def _print_json(data: Any) -> None:
@@ -46,12 +56,7 @@ def _print_json(data: Any) -> None:
 
 def _run_checker(root: Path) -> tuple[Callable[[str], bool], Callable[[], None]]:
     """``is_running(run_id)`` from the store (a run it does not know counts as ended)."""
-    try:
-        from ..agent_trust import load_trusted
-        from ..store import open_store
-    except ImportError:  # pragma: no cover - the store ships with orch
-        return (lambda _run_id: False), (lambda: None)
-    store = open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted
+    store = _open_store(root)
 
     def is_running(run_id: str) -> bool:
         record = store.get_run(run_id)
@@ -61,11 +66,12 @@ def _run_checker(root: Path) -> tuple[Callable[[str], bool], Callable[[], None]]
 
 
 @worktrees_app.command("list")
-def list_cmd(as_json: JsonFlag = False) -> None:
+@handles_errors
+def list_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
     """List orch branches: ahead/behind your HEAD, size of the change, merged or not."""
     from ..branches import list_branches  # GitPython: imported when used
 
-    infos = _call(list_branches)
+    infos = list_branches(root_of(workdir))
     if as_json:
         _print_json([i.model_dump() for i in infos])
         return
@@ -83,8 +89,14 @@ def list_cmd(as_json: JsonFlag = False) -> None:
 
 
 @worktrees_app.command("merge")
+@handles_errors
 def merge_cmd(
-    target: Annotated[str, typer.Argument(metavar="RUN_ID|BRANCH", help="Run id or branch.")],
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="RUN|BRANCH", help="A run id (or its first characters), or a branch name."
+        ),
+    ],
     squash: Annotated[bool, typer.Option("--squash", help="One squashed commit.")] = False,
     stash: Annotated[
         bool, typer.Option("--stash", help="Stash your uncommitted changes around the merge.")
@@ -97,16 +109,16 @@ def merge_cmd(
             ".github/, hooks); without it such a branch is refused.",
         ),
     ] = False,
+    workdir: WorkdirOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Merge a run's branch into your current branch (refuses on conflicts, a dirty tree, or
     changes to control files)."""
     from ..branches import merge
 
-    report = _call(
-        lambda root: merge(
-            root, target, squash=squash, stash=stash, allow_control_files=allow_control
-        )
+    root = root_of(workdir)
+    report = merge(
+        root, _target(root, target), squash=squash, stash=stash, allow_control_files=allow_control
     )
     if as_json:
         _print_json(report.model_dump())
@@ -126,10 +138,12 @@ def merge_cmd(
 
 
 @worktrees_app.command("prune")
+@handles_errors
 def prune_cmd(
     force: Annotated[
         bool, typer.Option("--force", help="Also delete branches with unmerged commits.")
     ] = False,
+    workdir: WorkdirOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Remove worktrees of ended runs (committing leftover work), delete merged branches and
@@ -146,7 +160,7 @@ def prune_cmd(
         finally:
             close()
 
-    report, refs = _call(lambda root: asyncio.run(go(root)))
+    report, refs = asyncio.run(go(root_of(workdir)))
     if as_json:
         _print_json({**report.model_dump(), "deleted_refs": refs})
         return
