@@ -92,7 +92,7 @@ def test_choices_are_the_real_ones() -> None:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["task", "x", "--isolation", "vm"], "'vm' is not one of 'shared', 'worktree', 'container'"),
+        (["task", "x", "--isolation", "vm"], "'vm' is not one of 'shared', 'worktree'"),
         (["task"], "missing argument 'prompt'; see `orch task --help`"),
         (["task", "x", "--max-turns", "0"], "invalid value for '--max-turns'"),
         (["ps", "--bogus"], "no such option: --bogus"),
