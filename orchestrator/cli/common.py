@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sqlite3
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar
@@ -169,6 +171,20 @@ def find_run(store: RunStore, ref: str) -> RunRecord:
             "type more characters of the id"
         )
     raise NotFound(f"no run {ref!r} in {store.describe()}; `orch ps --all` lists the runs it holds")
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (a closed terminal, a `kill`) stops the command as Ctrl+C does: cleanups run."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def print_json(data: Any) -> None:

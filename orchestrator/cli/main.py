@@ -32,6 +32,7 @@ from .common import (
     out,
     print_json,
     run_label,
+    stop_on_sigterm,
 )
 from .engine import make_runner
 from .helpstyle import OrchGroup
@@ -308,20 +309,34 @@ def resume(
 def demo(
     workdir: Annotated[
         Path | None,
-        typer.Option("--workdir", "-C", metavar="DIR", help="Where to make the demo project."),
+        typer.Option(
+            "--workdir", "-C", metavar="DIR", help="Make the demo project here (and keep it)."
+        ),
     ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the demo project to explore it afterwards.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Offline: a scripted parent delegates to children; prints the chain and results."""
-    from ..demo import make_demo_project
+    """Offline: a scripted parent delegates to children; prints the chain and results.
+
+    The demo project goes in a temporary directory, removed when the demo ends, however it
+    ends, unless --keep (or -C DIR) says where to keep it."""
+    from ..demo import demo_project
+
+    with demo_project(workdir, keep=keep) as (where, script_path), stop_on_sigterm():
+        _demo(where, script_path, kept=keep or workdir is not None, as_json=as_json)
+
+
+def _demo(where: Path, script_path: Path, *, kept: bool, as_json: bool) -> None:
     from ..models import ModelProvider
 
-    where, script_path = make_demo_project(workdir)
     project = open_project(where)
     provider = ModelProvider(project.settings, f"scripted:{script_path}")
     prompt = "Give me a short report on this project: its test framework and its modules."
     if not as_json:
-        out.print(f"[dim]demo project: {safe_markup(where)}[/]")
+        if kept:
+            out.print(f"[dim]demo project (kept): {safe_markup(where)}[/]", soft_wrap=True)
         out.print(f"[bold]user ▸[/] {prompt}\n")
     spec = root_spec(project, prompt, agent="general", isolation=None, timeout=60)
     record = run_tree(make_runner(project, provider, []), spec)
@@ -331,16 +346,21 @@ def demo(
             {
                 "result": record.result().model_dump(mode="json"),
                 "chain": [r.model_dump(mode="json") for r in runs],
+                "project": str(where) if kept else None,
             }
         )
         raise typer.Exit(record.result().exit_code)
     out.print(chain_tree(runs))
     out.print("\n[bold]orch ▸[/] ", end="")
     out.print(safe_text(record.output + "\n", multiline=True))
-    out.print(
-        f"[dim]explore it: orch tree {record.run_id} -C {where} · "
-        f"orch logs {record.run_id} -C {where}[/]"
-    )
+    if kept:
+        out.print(
+            f"[dim]kept at {safe_markup(where)}; explore it: orch tree {record.run_id} "
+            f"-C {safe_markup(where)} · orch logs {record.run_id} -C {safe_markup(where)}[/]",
+            soft_wrap=True,  # paths whole, to copy
+        )
+    else:
+        out.print("[dim]the demo project is removed now; `orch demo --keep` keeps it[/]")
     report(
         project, record, False, provider.scripted
     ) if record.status != RunStatus.SUCCEEDED else None

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+from ..safefs import Beneath
 
 HERE = Path(__file__).parent
 
@@ -31,14 +35,30 @@ FILES = {
 }
 
 
-def make_demo_project(where: Path | None = None) -> tuple[Path, Path]:
-    """Write the demo project (in a new temp dir unless given); return it and the script."""
+@contextmanager
+def demo_project(where: Path | None = None, *, keep: bool = False) -> Iterator[tuple[Path, Path]]:
+    """The demo project and its model script, written to ``where``, else to a new temp dir.
+
+    A temp dir is removed on the way out however the demo ends (done, failed, Ctrl+C), unless
+    ``keep``; a directory the user named is theirs and stays."""
+    made = where is None
     root = Path(tempfile.mkdtemp(prefix="orch-demo-")) if where is None else where
-    root.mkdir(parents=True, exist_ok=True)
-    for rel, text in FILES.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    script = root / ".orch-demo-script.yaml"
-    shutil.copyfile(HERE / "demo.yaml", script)
-    return root.resolve(), script
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for rel, text in FILES.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        script = root / ".orch-demo-script.yaml"
+        shutil.copyfile(HERE / "demo.yaml", script)
+        yield root.resolve(), script
+    finally:
+        if made and not keep:
+            remove_demo(root)
+
+
+def remove_demo(root: Path) -> None:
+    """Delete the demo's temp dir: through dir fds, symlinks unlinked and never followed,
+    read-only directories an agent left opened up first (safefs)."""
+    with suppress(FileNotFoundError):
+        Beneath(root.parent).remove_tree(root.name)
