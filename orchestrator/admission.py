@@ -216,6 +216,7 @@ class Admission:
         if budgets.tokens is not None and used.tokens >= budgets.tokens:
             raise OrchError(
                 f"chain budget max_chain_tokens ({budgets.tokens:,}) is used up: this chain "
-                f"has used {used.tokens:,} tokens; finish with what you have"
+                f"has used {used.tokens:,} tokens; finish with what you have (more needs a "
+                "higher max_chain_tokens in orch.toml or ~/.orch/config.toml)"
             )
         return budgets

@@ -246,7 +246,11 @@ class Settings(BaseModel):
     # queued; a run waiting for its children does not count), runs in total, and tokens.
     max_chain_running: int = Field(default=20, ge=1)
     max_chain_runs: int = Field(default=500, ge=1)
-    max_chain_tokens: int | None = Field(default=None, ge=1)
+    # Input + output tokens of the whole tree: a ceiling for a runaway, above a big honest
+    # job. A child re-sends its whole context each turn: ~10 turns on ~10k tokens ≈ 100k, so
+    # 10M is ~100 such children (or 500 small ones of 20k); a runaway of 500 runs × 30 turns
+    # could reach ~1.5 billion. README ("Limits") has the reasoning.
+    max_chain_tokens: int = Field(default=10_000_000, ge=1)
     # Conversations kept for `resume`, pruned this many days after their last save (0: none kept).
     transcript_retention_days: float = Field(default=30, ge=0)
     bash_timeout_s: float = 120.0

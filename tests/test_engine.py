@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -415,3 +416,46 @@ def test_cancelling_a_chain_that_fills_its_gate_ends_promptly(tmp_path: Path) ->
     asyncio.run(main())
     statuses = {r.status for r in runner.store.list_runs()}
     assert statuses == {RunStatus.CANCELLED}
+
+
+def _burner(project: Path, second: dict[str, Any]) -> Path:
+    """A root that starts a child using ten million tokens in one turn, then another."""
+    return write_script(
+        project,
+        {
+            "conversations": [
+                {
+                    "depth": 0,
+                    "turns": [
+                        {"tool_calls": [task_call("burn")]},
+                        {"tool_calls": [task_call("again")]},
+                        {**second, "text": "stopped"},
+                    ],
+                },
+                {
+                    "depth": 1,
+                    "runs": "*",
+                    "turns": [{"text": "burned", "usage": {"input_tokens": 10_000_000}}],
+                },
+            ]
+        },
+    )
+
+
+def test_max_chain_tokens_has_a_default_and_says_how_to_raise_it(project: Path) -> None:
+    assert Settings().max_chain_tokens == 10_000_000
+    refused = "max_chain_tokens .10,000,000. is used up.*higher max_chain_tokens in orch.toml"
+    script = _burner(project, {"expect_result": refused})
+    r = orch("task", "go", "--json", "--model", f"scripted:{script}", cwd=project)
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    t = orch("tree", run_id, cwd=project)
+    assert "runs 2/500" in t.stdout, t.stdout  # the second child never started
+    assert re.search(r"tokens10,0\d\d,\d\d\d/10,000,000", "".join(t.stdout.split())), t.stdout
+    # raised as the message says, the second child runs
+    (project / "orch.toml").write_text("max_chain_tokens = 30_000_000\n")
+    script = _burner(project, {"expect_result": "burned"})
+    r = orch("task", "go", "--json", "--model", f"scripted:{script}", cwd=project)
+    assert r.returncode == 0, r.stderr
+    t = orch("tree", json.loads(r.stdout)["run_id"], cwd=project)
+    assert "runs 3/500" in t.stdout and "/30,000,000" in t.stdout, t.stdout

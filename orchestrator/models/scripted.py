@@ -16,6 +16,7 @@ children stay deterministic::
                 input: {pattern: "*.toml"}
           - expect_result: "pyproject"   # regex the previous tool results must match
             text: "It uses pytest."
+            usage: {input_tokens: 5000, output_tokens: 20}  # reported (default: estimated)
 
 A tool call's ``input`` may be any JSON value (a string, a list, null: what a
 misbehaving model sends), and ``blocks`` adds content blocks exactly as written
@@ -56,6 +57,15 @@ class ScriptToolCall(BaseModel):
     id: str | None = None
 
 
+class ScriptUsage(BaseModel):
+    """What a turn reports as used (default: an estimate from the request's size)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+
+
 class ScriptTurn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +75,7 @@ class ScriptTurn(BaseModel):
     expect_result: str | None = None
     latency_s: float | None = None
     stop_reason: Literal["end_turn", "max_tokens", "tool_use"] | None = None
+    usage: ScriptUsage | None = None
 
 
 class Conversation(BaseModel):
@@ -222,9 +233,13 @@ class ScriptedModel:
         content.extend(dict(b) for b in turn.blocks)
         if not content:
             content.append({"type": "text", "text": ""})
-        usage = ModelUsage(
-            input_tokens=estimate_tokens([request.system, request.messages, request.tools]),
-            output_tokens=estimate_tokens(content),
+        usage = (
+            ModelUsage(turn.usage.input_tokens, turn.usage.output_tokens)
+            if turn.usage is not None
+            else ModelUsage(
+                input_tokens=estimate_tokens([request.system, request.messages, request.tools]),
+                output_tokens=estimate_tokens(content),
+            )
         )
         calls = turn.tool_calls or any(b.get("type") == "tool_use" for b in turn.blocks)
         stop = turn.stop_reason or ("tool_use" if calls else "end_turn")
