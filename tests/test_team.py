@@ -14,6 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from orchestrator.cli.main import app
 from orchestrator.cli.team import team_app
 from orchestrator.errors import UsageError
 from orchestrator.run import RunStatus
@@ -373,8 +374,9 @@ def test_cli_never_approved_exits_1(repo: Path, monkeypatch: pytest.MonkeyPatch)
     assert "not approved after 1 round(s)" in r.stderr
     missing = CliRunner().invoke(team_app, ["run", TASK])
     assert missing.exit_code == 2 and "ANTHROPIC_API_KEY" in missing.stderr
-    bad = CliRunner().invoke(team_app, ["run", TASK, "--isolation", "shared"])
-    assert bad.exit_code == 2 and "worktree or container" in bad.stderr
+    bad = CliRunner().invoke(app, ["team", "run", TASK, "--isolation", "shared"])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "'shared' is not one of 'worktree', 'container'" in bad.stderr
 
 
 def test_cli_team_run_json_end_to_end(repo: Path) -> None:
