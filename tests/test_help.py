@@ -96,6 +96,7 @@ def test_choices_are_the_real_ones() -> None:
         (["task"], "missing argument 'prompt'; see `orch task --help`"),
         (["task", "x", "--max-turns", "0"], "invalid value for '--max-turns'"),
         (["ps", "--bogus"], "no such option: --bogus"),
+        (["--bogus"], "no such option: --bogus; see `orch --help`"),
         (["frobnicate"], "no such command 'frobnicate'; see `orch --help`"),
         (["worktrees", "merge"], "missing argument 'RUN|BRANCH'"),
         (["team", "run", "x", "--isolation", "shared"], "'shared' is not one of"),

@@ -286,8 +286,7 @@ def test_parallel_workspaces_across_processes(repo: Path) -> None:
         """
         import asyncio, sys
         from pathlib import Path
-        from orchestrator.run import RunRecord, RunStatus, new_run_id
-from orchestrator.store import SqliteStore
+        from orchestrator.run import new_run_id
         from orchestrator.workspaces.base import WorkspaceSpec
         from orchestrator.workspaces.worktree import WorktreeWorkspace
 

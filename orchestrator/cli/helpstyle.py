@@ -12,6 +12,8 @@ Typer it was written for, and tests/test_help.py renders every command's help.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
@@ -87,10 +89,20 @@ class OrchGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         restyle(self)
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        with one_line_usage_errors():  # `orch --bogus`
+            return super().parse_args(ctx, args)
+
     def invoke(self, ctx: Any) -> Any:
-        try:
+        with one_line_usage_errors():  # everything below: `orch task --isolation vm`, ...
             return super().invoke(ctx)
-        except NoArgsIsHelpError:  # a group called bare: its help, as Typer shows it
-            raise
-        except UsageError as e:
-            raise fail(usage_line(e), 2) from None
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except NoArgsIsHelpError:  # a group called bare: its help, as Typer shows it
+        raise
+    except UsageError as e:
+        raise fail(usage_line(e), 2) from None
