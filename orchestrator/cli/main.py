@@ -24,6 +24,7 @@ from .common import (
     Isolation,
     Project,
     WorkdirOpt,
+    budget_line,
     chain_tree,
     err,
     find_run,
@@ -473,21 +474,6 @@ def tree(
         return
     out.print(chain_tree(runs))
     out.print(budget_line(runs), markup=False)
-
-
-def budget_line(runs: list[RunRecord]) -> str:
-    """The chain's use of its budgets (set by its root, kept by every run)."""
-    budgets = next((r.options.get("budgets") for r in runs if r.options.get("budgets")), None)
-    if not budgets:
-        return f"chain: {len(runs)} runs"
-    live = sum(1 for r in runs if not r.status.ended)
-    tokens = sum(r.usage.input_tokens + r.usage.output_tokens for r in runs)
-    cap = budgets.get("tokens")
-    return (
-        f"chain budgets: runs {len(runs)}/{budgets['runs']} · live {live} "
-        f"(working at once ≤ {budgets['running']}) · tokens {tokens:,}"
-        + (f"/{cap:,}" if cap else "")
-    )
 
 
 _register_subapps()
