@@ -72,9 +72,11 @@ def _register_subapps() -> None:
     )
 
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
+    from .doctor import register as register_doctor
     from .trust import register as register_trust
 
     register_trust(app)
+    register_doctor(app)
 
 
 def root_spec(
