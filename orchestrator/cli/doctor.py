@@ -4,25 +4,29 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
 
-from ..doctor import Report, Status, diagnose
 from ..errors import UsageError
 from .common import handles_errors, out, print_json
 from .safe import safe_text
 
-STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+if TYPE_CHECKING:  # the checks are imported when doctor runs, not by every command
+    from ..doctor import Report
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 NAME_WIDTH = 12
 
 
 def render(report: Report) -> None:
     """One line per check, then its fix indented below it; a summary line last."""
+    from ..doctor import Status
+
     for c in report.checks:
         line = Text.assemble(
-            (f"{c.status.value:<5}", STYLE[c.status]), " ", f"{c.name:<{NAME_WIDTH}}", " "
+            (f"{c.status.value:<5}", STYLE[c.status.value]), " ", f"{c.name:<{NAME_WIDTH}}", " "
         )
         line.append_text(safe_text(c.detail))  # paths and server messages: shown, never obeyed
         out.print(line, soft_wrap=True)
@@ -55,6 +59,8 @@ def doctor(
 ) -> None:
     """Check Python, git, bubblewrap, Docker, the API settings, the store, trust and the
     warm process; each problem comes with its fix. Exits 1 when the default tiers cannot run."""
+    from ..doctor import diagnose
+
     wd = (workdir or Path.cwd()).expanduser()
     if not wd.is_dir():
         raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
