@@ -2,10 +2,14 @@
 
 - cold: no warm process (``ORCH_WARM_IDLE=0``) and a fresh project each time (so no worker
   host either): the command imports orch, stores the run, starts a worker host and returns;
+  each sample's run ends before the next sample (a host importing orch meanwhile would
+  share the 2 cores with it);
 - warm: the same command forked from the warm process of its environment, with the
   project's worker host running (the usual case after the first command).
 
-The raw column is the bare interpreter (``python -c pass``), timed in the same run.
+The raw column is the bare interpreter (``python -c pass``), timed in the same run. Both
+run with Python's bytecode cache on, as for an installed orch (``PYTHONDONTWRITEBYTECODE``
+is dropped from their environment).
 Every launched run is checked to have succeeded, so a fast but broken launch is no figure.
 """
 
@@ -41,6 +45,9 @@ ORCH = [sys.executable, "-m", "orchestrator"]
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "ORCH_"))}
+    # as installed: Python keeps orch's compiled modules (pip writes them for a wheel);
+    # with PYTHONDONTWRITEBYTECODE every process would compile all of orch again
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env | {"HOME": str(home), "ORCH_HOST_IDLE": "30"} | extra
 
 
@@ -102,7 +109,7 @@ def _raw(n: int = 7) -> float:
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        subprocess.run([sys.executable, "-c", "pass"], check=True, env=_env(Path("/")))
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -118,11 +125,14 @@ def run() -> list[dict[str, Any]]:
         repos: list[Path] = []
         try:
             cold = []
-            cold_env = _env(home, ORCH_WARM_IDLE="0")
+            # each sample alone: its run (and the host that starts for it, importing orch
+            # on the same 2 cores) ends before the next sample starts
+            cold_env = _env(home, ORCH_WARM_IDLE="0", ORCH_HOST_IDLE="0")
             for i in range(COLD_RUNS):
                 repos.append(_repo(base / f"cold{i}"))
                 took, run_id = _launch(repos[-1], cold_env, script)
                 cold.append(took)
+                _all_succeeded([(repos[-1], run_id)])
                 launched.append((repos[-1], run_id))
             warm_env = _env(home, ORCH_WARM_IDLE="120")
             repos.append(_repo(base / "warm"))
@@ -151,8 +161,7 @@ def run() -> list[dict[str, Any]]:
             c <= COLD_GOAL_S,
         ),
         _row(
-            f"warm `orch task --background` (warm process and host running), median of "
-            f"{WARM_RUNS}",
+            f"warm `orch task --background` (warm process and host running), median of {WARM_RUNS}",
             w * 1000,
             raw * 1000,
             f"≤ {WARM_GOAL_S * 1000:g} ms",
