@@ -80,7 +80,8 @@ def test_text_output_names_each_fix_and_a_summary(repo: Path) -> None:
 
 @pytest.fixture
 def failing_bwrap(tmp_path: Path) -> dict[str, str]:
-    """A `bwrap` first on PATH that cannot make a sandbox (as where userns are off)."""
+    """A `bwrap` first on PATH that cannot make a sandbox (as where userns are off); the
+    suite's $ORCH_BWRAP (conftest.py) cleared, so that the settings choose."""
     bindir = tmp_path / "fakebin"
     bindir.mkdir()
     fake = bindir / "bwrap"
@@ -90,7 +91,7 @@ def failing_bwrap(tmp_path: Path) -> dict[str, str]:
         'echo "bwrap: No permissions to create new namespace" >&2\nexit 1\n'
     )
     fake.chmod(0o755)
-    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "ORCH_BWRAP": ""}
 
 
 def test_a_failing_system_bwrap_fails_and_exits_1(
@@ -105,6 +106,15 @@ def test_a_failing_system_bwrap_fails_and_exits_1(
     r = orch("doctor", "--offline", cwd=repo, env={**NO_DOCKER, **failing_bwrap})
     assert r.returncode == 1
     assert "cannot run: bwrap" in r.stdout.splitlines()[-1]
+
+
+def test_orch_bwrap_wins_and_is_named(repo: Path, failing_bwrap: dict[str, str]) -> None:
+    code, report = doctor(repo, "--offline", env={**failing_bwrap, "ORCH_BWRAP": "system"})
+    bwrap = by_name(report)["bwrap"]
+    assert code == 1 and bwrap["status"] == "fail"
+    code, report = doctor(repo, "--offline", env={**failing_bwrap, "ORCH_BWRAP": "bundled"})
+    bwrap = by_name(report)["bwrap"]
+    assert code == 0 and "$ORCH_BWRAP = 'bundled'" in bwrap["detail"]
 
 
 def test_auto_passes_over_a_failing_system_bwrap(repo: Path, failing_bwrap: dict[str, str]) -> None:
