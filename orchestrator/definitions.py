@@ -291,8 +291,9 @@ class Catalog:
         return "\n".join(f"- {s.name}: {' '.join(s.description.split())}" for s in chosen)
 
 
-def bundled_dir(kind: Literal["agents", "skills"]) -> Path | None:
-    """``_bundled/<kind>`` inside an installed wheel, else ``<repo>/<kind>`` in a checkout."""
+def bundled_dir(kind: Literal["agents", "skills", "sandboxes"]) -> Path | None:
+    """``_bundled/<kind>`` inside an installed wheel, else ``<repo>/<kind>`` in a checkout
+    (``sandboxes``: the image build that ``orch sandbox build`` runs)."""
     package = Path(__file__).resolve().parent
     found = [d for d in (package / "_bundled" / kind, package.parent / kind) if d.is_dir()]
     return found[0] if found else None

@@ -61,7 +61,9 @@ def _preload() -> None:
     """What commands import: the CLI, the engine, the tools and the model SDK."""
     import importlib
 
-    import orchestrator.cli.main  # noqa: F401  (every command and sub-app)
+    import orchestrator.cli.main  # every command and sub-app
+
+    orchestrator.cli.main.command()  # built once here, not in every command
 
     for name in ("orchestrator.runner", "orchestrator.models.anthropic", "orchestrator.team",
                  "orchestrator.workspaces.registry", "orchestrator.cli.engine"):  # fmt: skip

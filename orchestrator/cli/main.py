@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import json
 import math
 import os
@@ -77,9 +78,11 @@ def _register_subapps() -> None:
     )
 
     app.add_typer(worktrees_app, name="worktrees", help="Agent branches: list, merge, prune.")
+    from .doctor import register as register_doctor
     from .trust import register as register_trust
 
     register_trust(app)
+    register_doctor(app)
 
 
 def root_spec(
@@ -479,11 +482,18 @@ def tree(
 _register_subapps()
 
 
+@functools.cache
+def command() -> Any:
+    """The app as a click command, built once: building it reads the signature of every
+    command (tens of ms); the warm process builds it before it forks (``warmserve.py``)."""
+    return typer.main.get_command(app)
+
+
 def main() -> None:
     """Run the CLI, then leave at once: everything is written and flushed by then, and
     tearing down the interpreter's modules (the SDK's thousands of types) only costs time."""
     try:
-        app()
+        command()()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1

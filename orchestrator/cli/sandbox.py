@@ -20,7 +20,20 @@ sandbox_app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "sandboxes" / "build.sh"
+
+
+def build_script() -> Path:
+    """``build.sh`` of the image build: shipped in the wheel, or in a checkout's sandboxes/."""
+    from ..definitions import bundled_dir
+
+    found = bundled_dir("sandboxes")
+    script = found / "build.sh" if found else None
+    if script is None or not script.is_file():
+        raise OrchError(
+            "the sandbox image build (sandboxes/build.sh) is not part of this install; "
+            "reinstall orch (pip install --force-reinstall orch) or run it from a checkout"
+        )
+    return script
 
 
 @sandbox_app.command("build")
@@ -29,18 +42,25 @@ def build_cmd(
     base: Annotated[
         str | None, typer.Option("--base", help="Base image (default debian:bookworm-slim).")
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Decide the base image (pulling it), then print the builds instead."
+        ),
+    ] = False,
 ) -> None:
-    """Build orch-sandbox:latest (sandboxes/build.sh); without a registry it debootstraps a base."""
+    """Build orch-sandbox:latest (sandboxes/build.sh). When no registry answers within a few
+    seconds (REGISTRY_TIMEOUT, default 4), it builds a Debian base with debootstrap instead."""
     from ..workspaces.container import docker_client
 
-    if not BUILD_SCRIPT.is_file():
-        raise OrchError(f"{BUILD_SCRIPT} not found: run `orch sandbox build` from an orch checkout")
+    script = build_script()
     docker_client().close()  # one clear line when the engine is not reachable
     env = {**os.environ, **({"BASE": base} if base else {})}
+    argv = ["bash", str(script), *(["--dry-run"] if dry_run else [])]
+    out = subprocess.PIPE
     proc = subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL
+    )
     fallback = ""
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -49,8 +69,9 @@ def build_cmd(
             fallback = line.strip().removeprefix("build.sh: ")
     code = proc.wait()
     if fallback:
+        did = "would fall back" if dry_run else "fell back"
         typer.echo(
-            f"orch: no usable base image: fell back to debootstrap ({shown(fallback)})", err=True
+            f"orch: no usable base image: {did} to debootstrap ({shown(fallback)})", err=True
         )
     if code != 0:
         raise OrchError(f"sandbox build failed (exit {code}); see the output above")

@@ -79,6 +79,12 @@ def make_private(path: Path, mode: int, *, created: bool = False) -> None:
         os.chmod(path, mode)
 
 
+def state_path(project_root: Path) -> Path:
+    """Where the state dir of a project is (``$ORCH_HOME`` or ``<project>/.orch``), made or not."""
+    env = os.environ.get("ORCH_HOME")
+    return Path(env).expanduser() if env else project_root / ".orch"
+
+
 def state_dir(project_root: Path) -> Path:
     """``$ORCH_HOME`` or ``<project>/.orch``: mode 0700, with a ``.gitignore`` of orch's
     state (``orchignore.py``: agents/, skills/ and teams/ stay committable).
@@ -86,8 +92,7 @@ def state_dir(project_root: Path) -> Path:
     Created if missing; an existing one of ours with looser bits is tightened to 0700
     (it holds prompts, outputs and logs of every run).
     """
-    env = os.environ.get("ORCH_HOME")
-    path = Path(env).expanduser() if env else project_root / ".orch"
+    path = state_path(project_root)
     existed = path.is_dir()
     path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
     make_private(path, STATE_DIR_MODE, created=not existed)
