@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from ..errors import UsageError
-from .common import handles_errors, out, print_json
+from .common import WorkdirOpt, handles_errors, out, print_json
 from .safe import safe_text
 
 if TYPE_CHECKING:  # the checks are imported when doctor runs, not by every command
@@ -53,12 +53,11 @@ def doctor(
     offline: Annotated[
         bool, typer.Option("--offline", help="Do not probe the model endpoint over the network.")
     ] = False,
-    workdir: Annotated[
-        Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
-    ] = None,
+    workdir: WorkdirOpt = None,
 ) -> None:
     """Check Python, git, bubblewrap, Docker, the API settings, the store, trust and the
-    warm process; each problem comes with its fix. Exits 1 when the default tiers cannot run."""
+    warm process; each problem comes with its fix. Exits 1 when the default isolation
+    modes (shared, worktree) cannot run."""
     from ..doctor import diagnose
 
     wd = (workdir or Path.cwd()).expanduser()

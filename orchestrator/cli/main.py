@@ -6,7 +6,6 @@ import asyncio
 import atexit
 import contextlib
 import functools
-import json
 import math
 import os
 import sys
@@ -405,59 +404,6 @@ def result(
         for line in branch_lines([record]):
             out.print(line)
     raise typer.Exit(res.exit_code if record.status.ended else 0)
-
-
-@app.command()
-@handles_errors
-def logs(
-    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Stream events until the run has ended.")
-    ] = False,
-    tree: Annotated[
-        bool, typer.Option("--tree", "-t", help="Add the events of its children and theirs.")
-    ] = False,
-    workdir: WorkdirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """A run's events, one line each: time, run/agent, event, what it says.
-
-    --json prints the raw events: a JSON array, or one object a line with --follow."""
-    from .logview import Feed, line
-
-    project = open_project(workdir)
-    store = project.store
-    feed = Feed(store, find_run(store, run_id), tree=tree)
-    if as_json and not follow:
-        print_json(feed.poll())
-        return
-    width = out.width if out.is_terminal or os.environ.get("COLUMNS") else None
-    ticks = 0
-    try:
-        while True:
-            for e in feed.poll():
-                if as_json:
-                    sys.stdout.write(json.dumps(e, default=str) + "\n")
-                else:
-                    rid = e["run_id"]
-                    agent, depth = feed.agent(rid), feed.depth(rid)
-                    text = line(e, agent, indent=depth, width=width, children=feed.children)
-                    out.print(text, soft_wrap=True)
-            sys.stdout.flush()
-            if not follow or feed.done:
-                break
-            time.sleep(0.2)
-            ticks += 1
-            if ticks % 5 == 0:
-                reconcile(store)  # a run whose owner died ends (interrupted)
-                feed.check()
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    except BrokenPipeError:  # `orch logs … | head`: the reader has gone (as Rich does it)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(1) from None
-    if follow:
-        raise typer.Exit(feed.exit_code())
 
 
 @app.command()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -330,8 +333,60 @@ def host(
     raise typer.Exit(serve(root, key, store, host_engine, lock_fd=lock_fd, first=first))
 
 
+def logs(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream events until the run has ended.")
+    ] = False,
+    tree: Annotated[
+        bool, typer.Option("--tree", "-t", help="Add the events of its children and theirs.")
+    ] = False,
+    workdir: WorkdirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """A run's events, one line each: time, run/agent, event, what it says.
+
+    --json prints the raw events: a JSON array, or one object a line with --follow."""
+    from .logview import Feed, line
+
+    project = open_project(workdir)
+    store = project.store
+    feed = Feed(store, find_run(store, run_id), tree=tree)
+    if as_json and not follow:
+        print_json(feed.poll())
+        return
+    width = out.width if out.is_terminal or os.environ.get("COLUMNS") else None
+    ticks = 0
+    try:
+        while True:
+            for e in feed.poll():
+                if as_json:
+                    sys.stdout.write(json.dumps(e, default=str) + "\n")
+                else:
+                    rid = e["run_id"]
+                    agent, depth = feed.agent(rid), feed.depth(rid)
+                    text = line(e, agent, indent=depth, width=width, children=feed.children)
+                    out.print(text, soft_wrap=True)
+            sys.stdout.flush()
+            if not follow or feed.done:
+                break
+            time.sleep(0.2)
+            ticks += 1
+            if ticks % 5 == 0:
+                reconcile(store)  # a run whose owner died ends (interrupted)
+                feed.check()
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `orch logs … | head`: the reader has gone (as Rich does it)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(1) from None
+    if follow:
+        raise typer.Exit(feed.exit_code())
+
+
 def register(app: typer.Typer) -> None:
     app.command()(handles_errors(ps))
+    app.command()(handles_errors(logs))
     app.command()(handles_errors(watch))
     app.command()(handles_errors(cancel))
     app.command("_worker", hidden=True)(handles_errors(worker))
