@@ -49,6 +49,7 @@ from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .boxout import checkpoint_resource, export_work, land
 from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
+from .hiding import hidden_rels
 from .pool import (
     MANAGED,
     WORKSPACE,
@@ -210,7 +211,8 @@ class ContainerWorkspace:
     def runtime(self) -> Runtime:
         if self.box is None:
             raise OrchError("the container workspace is not open")
-        return ContainerRuntime(self.box, self._run, WORKSPACE)
+        hidden = hidden_rels(self.spec, [self.root])  # the clone mirrors the user's tree
+        return ContainerRuntime(self.box, self._run, WORKSPACE, hidden)
 
     # -- opening ------------------------------------------------------------------------
 
