@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -177,8 +178,12 @@ class HostRuntime:
         def search() -> list[str]:
             hits: list[str] = []
             with self._fs() as fs:
-                if path and fs.is_file(path):  # one file, named: what is wrong with it is said
-                    fs.read(path, 0)
+                try:  # a named path hidden, or through a link, is refused here
+                    named = fs.stat(path) if path else None
+                except FileNotFoundError:
+                    named = None
+                if path and named is not None and not stat.S_ISDIR(named.st_mode):
+                    fs.read(path, 0)  # one file, named: what is wrong with it is said
                     files = [path]
                 else:
                     prefix = (path or "").strip("/")

@@ -1,0 +1,183 @@
+"""A hidden path is hidden from every tool (issue 20, class 8).
+
+Through the real CLI with the scripted model, per tier: the model calls ``read_file``,
+``grep`` and ``glob`` on a ``sandbox.hidden`` path, on orch's store (``.orch/orch.db``),
+through a symlink to them, through ``..`` and by absolute path. Every call is a tool
+error, a walk of the whole tree neither lists nor searches them, and no secret reaches
+the model: the run's transcript (every request the model got) holds none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.store import SqliteStore
+from tests.support import init_repo, need_bwrap, orch, sandbox_image, write_script
+
+SECRET = "HIDDEN-SECRET-7f3a"
+STORED = "STORE-SECRET-91bc"  # the first run's prompt: in orch.db, never shown to the next
+
+
+def _read(path: str) -> dict[str, Any]:
+    return {"tool": "read_file", "input": {"path": path}}
+
+
+def _grep(pattern: str, path: str | None = None) -> dict[str, Any]:
+    return {"tool": "grep", "input": {"pattern": pattern, **({"path": path} if path else {})}}
+
+
+def _glob(pattern: str) -> dict[str, Any]:
+    return {"tool": "glob", "input": {"pattern": pattern}}
+
+
+def _refused_calls(repo: Path) -> list[dict[str, Any]]:
+    """Calls every tier must answer with a tool error."""
+    db = repo / ".orch" / "orch.db"
+    return [
+        _read("secrets/token.txt"),
+        _read("keys.env"),
+        _read(".orch/orch.db"),
+        _read(".orch/orch.db-wal"),
+        _read(".ORCH/orch.db"),
+        _read("src/../secrets/token.txt"),
+        _read("src/../.orch/orch.db"),
+        _read("../../orch.db"),  # a worktree lies in .orch/worktrees/<run>
+        _read(f"../{repo.name}/.orch/orch.db"),
+        _read(str(db)),
+        _read("link-secret"),  # committed symlinks to them
+        _read("link-db"),
+        _read("link-up"),
+        _read("link-dir/orch.db"),
+        _grep("SECRET", "secrets"),
+        _grep("SECRET", "secrets/token.txt"),
+        _grep("SECRET", ".orch"),
+        _grep("SECRET", "link-dir"),
+        _grep("SECRET", "src/../.orch/orch.db"),
+        _glob(".orch/*"),
+        _glob("secrets/*"),
+        _glob("secrets/token.txt"),
+        _glob("keys.env"),
+        _read("deep/er/secret.txt"),
+        _read("moved/er/secret.txt"),  # after bash's `mv deep moved` (refused by bwrap)
+    ]
+
+
+def _open_calls() -> list[dict[str, Any]]:
+    """Calls that succeed but must show nothing hidden."""
+    return [
+        _glob("**/*"),
+        _glob("*"),
+        _glob("**/*token*"),
+        _glob("*/orch.db*"),
+        _grep("HIDDEN-SECRET|STORE-SECRET|SQLite"),
+        _grep("x = 1", "."),
+        _grep("SECRET", "moved"),
+    ]
+
+
+@pytest.fixture
+def attacked(tmp_path: Path) -> Path:
+    """A repository with secrets the user hid (a directory by a relative entry, a file by
+    an absolute one), and committed symlinks to them and to the store."""
+    repo = tmp_path / "repo"
+    files = {
+        "src/app.py": "x = 1\n",
+        "secrets/token.txt": SECRET + "\n",
+        "keys.env": f"KEY={SECRET}\n",
+        "deep/er/secret.txt": SECRET + "\n",
+    }
+    init_repo(repo, files)
+    (repo / "link-secret").symlink_to("secrets/token.txt")
+    (repo / "link-db").symlink_to(".orch/orch.db")
+    (repo / "link-up").symlink_to("../../orch.db")
+    (repo / "link-dir").symlink_to(".orch")
+    (repo / "orch.toml").write_text(
+        f'[sandbox]\nhidden = ["secrets", "{repo / "keys.env"}", "deep/er/secret.txt"]\n'
+    )
+    os.system(f"cd {repo} && git add -A && git commit -qm links")
+    return repo
+
+
+# bash moves a parent of a hidden path: the file would leave its cover (host tiers)
+RENAME = {"tool": "bash", "input": {"command": "mv deep moved; echo moved=$?"}}
+
+
+def _play(repo: Path, isolation: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run a first task (its prompt goes into the store), then the probing one; the
+    probing run's record and the tool results the model got."""
+    first = write_script(repo, {"conversations": [{"turns": [{"text": "ok"}]}]}, "first.yaml")
+    r = orch("task", STORED, "--model", f"scripted:{first}", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    state = repo / ".orch"
+    assert STORED.encode() in b"".join(p.read_bytes() for p in state.glob("orch.db*"))
+    calls = [*_refused_calls(repo), *_open_calls()]
+    first_turn = [{"tool_calls": [RENAME]}] if isolation != "container" else []
+    turns = [*first_turn, {"tool_calls": calls}, {"text": "done"}]
+    probe = write_script(repo, {"conversations": [{"turns": turns}]}, "probe.yaml")
+    r = orch("task", "probe", "--isolation", isolation, "--json",
+             "--model", f"scripted:{probe}", cwd=repo, timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    record = json.loads(r.stdout)
+    assert record["status"] == "succeeded", record
+    store = SqliteStore(repo / ".orch" / "orch.db")
+    try:
+        transcript = store.transcript(record["run_id"]) or []
+    finally:
+        store.close()
+    results = [
+        block
+        for message in transcript
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    ]
+    text = json.dumps(results)  # all the model was told about its calls
+    assert SECRET not in text and STORED not in text and "SQLite format" not in text
+    if first_turn:
+        assert "moved=0" not in json.dumps(results[0]["content"])
+        results = results[1:]
+    assert len(results) == len(calls)
+    return record, results
+
+
+def _check(results: list[dict[str, Any]], repo: Path) -> None:
+    refused = len(_refused_calls(repo))
+    for call, result in zip(_refused_calls(repo), results[:refused], strict=True):
+        assert result.get("is_error"), (call, result)
+    for result in results[refused:]:
+        assert not result.get("is_error"), result
+        content = json.dumps(result["content"])
+        # neither the names nor the contents of hidden paths are shown
+        assert "secrets/" not in content and "keys.env" not in content
+        assert ".orch" not in content and "orch.db" not in content
+        assert "secret.txt" not in content and "token" not in content
+        assert SECRET not in content and STORED not in content
+    listing = json.dumps(results[refused]["content"])
+    assert "src/app.py" in listing  # the walk itself works
+
+
+def test_hidden_paths_refused_by_every_file_tool_shared(attacked: Path) -> None:
+    need_bwrap()
+    record, results = _play(attacked, "shared")
+    assert record["workspace"]["os_sandbox"] == "bwrap"
+    _check(results, attacked)
+
+
+def test_hidden_paths_refused_by_every_file_tool_worktree(attacked: Path) -> None:
+    need_bwrap()
+    record, results = _play(attacked, "worktree")
+    assert "/.orch/worktrees/" in record["workspace"]["root"]  # the workspace is in .orch
+    _check(results, attacked)
+
+
+@pytest.mark.docker
+def test_hidden_paths_refused_by_every_file_tool_container(attacked: Path) -> None:
+    sandbox_image()
+    record, results = _play(attacked, "container")
+    assert record["workspace"]["isolation"] == "container"
+    _check(results, attacked)
