@@ -10,14 +10,13 @@ the model: the run's transcript (every request the model got) holds none of it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.store import SqliteStore
-from tests.support import init_repo, need_bwrap, orch, sandbox_image, write_script
+from tests.support import git, init_repo, need_bwrap, orch, sandbox_image, write_script
 
 SECRET = "HIDDEN-SECRET-7f3a"
 STORED = "STORE-SECRET-91bc"  # the first run's prompt: in orch.db, never shown to the next
@@ -99,7 +98,8 @@ def attacked(tmp_path: Path) -> Path:
     (repo / "orch.toml").write_text(
         f'[sandbox]\nhidden = ["secrets", "{repo / "keys.env"}", "deep/er/secret.txt"]\n'
     )
-    os.system(f"cd {repo} && git add -A && git commit -qm links")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "links")
     return repo
 
 
@@ -119,8 +119,8 @@ def _play(repo: Path, isolation: str) -> tuple[dict[str, Any], list[dict[str, An
     first_turn = [{"tool_calls": [RENAME]}] if isolation != "container" else []
     turns = [*first_turn, {"tool_calls": calls}, {"text": "done"}]
     probe = write_script(repo, {"conversations": [{"turns": turns}]}, "probe.yaml")
-    r = orch("task", "probe", "--isolation", isolation, "--json",
-             "--model", f"scripted:{probe}", cwd=repo, timeout=240)  # fmt: skip
+    args = ["task", "probe", "--isolation", isolation, "--json", "--model", f"scripted:{probe}"]
+    r = orch(*args, cwd=repo, timeout=240)
     assert r.returncode == 0, r.stderr
     record = json.loads(r.stdout)
     assert record["status"] == "succeeded", record
