@@ -62,6 +62,7 @@ def _refused_calls(repo: Path) -> list[dict[str, Any]]:
         _glob("secrets/token.txt"),
         _glob("keys.env"),
         _read("deep/er/secret.txt"),
+        _read(".env.local"),
         _read("moved/er/secret.txt"),  # after bash's `mv deep moved` (refused by bwrap)
     ]
 
@@ -95,16 +96,21 @@ def attacked(tmp_path: Path) -> Path:
     (repo / "link-db").symlink_to(".orch/orch.db")
     (repo / "link-up").symlink_to("../../orch.db")
     (repo / "link-dir").symlink_to(".orch")
-    (repo / "orch.toml").write_text(
-        f'[sandbox]\nhidden = ["secrets", "{repo / "keys.env"}", "deep/er/secret.txt"]\n'
-    )
+    hidden = ["secrets", str(repo / "keys.env"), "deep/er/secret.txt", ".env.local"]
+    (repo / "orch.toml").write_text(f"[sandbox]\nhidden = {json.dumps(hidden)}\n")
+    # an untracked secret that .worktreeinclude would copy into a worktree or container
+    (repo / ".gitignore").write_text(".env.local\n")
+    (repo / ".worktreeinclude").write_text(".env.local\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "links")
+    (repo / ".env.local").write_text(f"TOKEN={SECRET}\n")
     return repo
 
 
 # bash moves a parent of a hidden path: the file would leave its cover (host tiers)
 RENAME = {"tool": "bash", "input": {"command": "mv deep moved; echo moved=$?"}}
+# bash looks for the included secret: it was never copied in (or is covered, shared)
+INCLUDED = {"tool": "bash", "input": {"command": "cat .env.local; ls -a"}}
 
 
 def _play(repo: Path, isolation: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -116,8 +122,8 @@ def _play(repo: Path, isolation: str) -> tuple[dict[str, Any], list[dict[str, An
     state = repo / ".orch"
     assert STORED.encode() in b"".join(p.read_bytes() for p in state.glob("orch.db*"))
     calls = [*_refused_calls(repo), *_open_calls()]
-    first_turn = [{"tool_calls": [RENAME]}] if isolation != "container" else []
-    turns = [*first_turn, {"tool_calls": calls}, {"text": "done"}]
+    bash = [INCLUDED, RENAME] if isolation != "container" else [INCLUDED]
+    turns = [{"tool_calls": bash}, {"tool_calls": calls}, {"text": "done"}]
     probe = write_script(repo, {"conversations": [{"turns": turns}]}, "probe.yaml")
     args = ["task", "probe", "--isolation", isolation, "--json", "--model", f"scripted:{probe}"]
     r = orch(*args, cwd=repo, timeout=240)
@@ -138,9 +144,8 @@ def _play(repo: Path, isolation: str) -> tuple[dict[str, Any], list[dict[str, An
     ]
     text = json.dumps(results)  # all the model was told about its calls
     assert SECRET not in text and STORED not in text and "SQLite format" not in text
-    if first_turn:
-        assert "moved=0" not in json.dumps(results[0]["content"])
-        results = results[1:]
+    assert "moved=0" not in json.dumps(results[: len(bash)])
+    results = results[len(bash) :]
     assert len(results) == len(calls)
     return record, results
 

@@ -47,7 +47,7 @@ from ..errors import OrchError, UsageError
 from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
 from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
-from .hiding import absolute_hidden, hidden_rels
+from .hiding import absolute_hidden, hidden_reason, hidden_rels
 from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
 from .settle import (
     commit_exclude,
@@ -332,7 +332,8 @@ class WorktreeWorkspace:
             chunk = [f":(literal){r}" for r in rels[i : i + 200]]
             listed = await git("ls-files", "-z", "--", *chunk, repo=base, check=False)
             tracked.update(p for p in listed.out.split("\0") if p)
-        wanted = [r for r in rels if r not in tracked]
+        # untracked only; a hidden file is never copied in (``hiding``)
+        wanted = [r for r in rels if r not in tracked and hidden_reason(r, self.hidden) is None]
         self._copied = await asyncio.to_thread(_copy_includes, base_top, self.root, wanted)
 
     async def _discard(self) -> None:
