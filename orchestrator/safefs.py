@@ -20,6 +20,13 @@ through ``/proc/self/fd`` (a FIFO never blocks, a device is never opened) and
 reads at most ``max_bytes``. ``write`` renames a temp file from the same
 directory over the destination: atomic, and a link there is never written
 through. Linux only (elsewhere: import-safe, walk fallback, no O_PATH).
+
+**Refuse rule**: a ``Beneath`` made with ``refuse`` (the workspace's hidden paths, see
+``workspaces/hiding.py``) asks it about every normalized path before opening it, and a
+walk or glob neither lists nor enters what it refuses; a glob whose literal leading
+components are refused raises. Since the normalized path is the file opened (the
+symlink rule above, ``..`` by its words, hard links refused), the check holds. Walking
+and glob matching live in :mod:`orchestrator.safeglob`.
 """
 
 from __future__ import annotations
