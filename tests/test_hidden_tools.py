@@ -10,12 +10,16 @@ the model: the run's transcript (every request the model got) holds none of it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.store import SqliteStore
+from orchestrator.workspaces import inbox
+from orchestrator.workspaces.base import WorkspaceSpec
+from orchestrator.workspaces.hiding import hidden_reason, hidden_rels
 from tests.support import git, init_repo, need_bwrap, orch, sandbox_image, write_script
 
 SECRET = "HIDDEN-SECRET-7f3a"
@@ -186,3 +190,48 @@ def test_hidden_paths_refused_by_every_file_tool_container(attacked: Path) -> No
     record, results = _play(attacked, "container")
     assert record["workspace"]["isolation"] == "container"
     _check(results, attacked)
+
+
+HIDDEN = ("secrets", "deep/er/secret.txt")
+
+
+@pytest.mark.parametrize(
+    ("rel", "refused"),
+    [
+        (".orch", True),
+        (".orch/orch.db", True),
+        ("sub/.Orch/x", True),
+        ("secrets", True),
+        ("SECRETS/token.txt", True),
+        ("deep/er/secret.txt", True),
+        ("deep/er", False),
+        ("deep/er/secret.txt.bak", False),
+        ("secretsX/a", False),
+        ("src/app.py", False),
+        (".orchestra/x", False),
+        ("", False),
+    ],
+)
+def test_the_host_and_the_container_rule_agree(rel: str, refused: bool) -> None:
+    assert (hidden_reason(rel, HIDDEN) is not None) is refused
+    assert (inbox.hidden_reason(rel, HIDDEN) is not None) is refused
+
+
+def test_hidden_paths_map_into_the_workspace(tmp_path: Path) -> None:
+    repo, home = tmp_path / "repo", Path(os.environ["HOME"])
+    tree = repo / ".orch" / "worktrees" / "r-1"
+    options = {
+        "sandbox": {"hidden": ["rel/x", "../up", str(repo / "abs.env"), "~/.netrc"]},
+        "state_dir": str(repo / ".orch"),
+    }
+    spec = WorkspaceSpec(run_id="r-1", chain_id="c", agent="a", description="", base=repo)
+    spec.options.update(options)
+    # a worktree mirrors the repository: its absolute hidden paths hold there too; the
+    # state dir that contains the worktree hides nothing inside it
+    assert hidden_rels(spec, [tree, repo]) == (".orch", "abs.env", "rel/x")
+    # a workspace that is $HOME holds the home's secrets
+    home_rels = hidden_rels(spec, [home])
+    assert ".ssh" in home_rels and ".netrc" in home_rels and ".orch" in home_rels
+    # a state dir elsewhere inside the workspace ($ORCH_HOME)
+    spec.options["state_dir"] = str(repo / "state")
+    assert "state" in hidden_rels(spec, [repo])
