@@ -20,6 +20,7 @@ from orchestrator.store import SqliteStore
 from orchestrator.workspaces import inbox
 from orchestrator.workspaces.base import WorkspaceSpec
 from orchestrator.workspaces.hiding import hidden_reason, hidden_rels
+from tests.fakeapi import FakeAPI, serve, text_reply
 from tests.support import git, init_repo, need_bwrap, orch, sandbox_image, write_script
 
 SECRET = "HIDDEN-SECRET-7f3a"
@@ -235,3 +236,23 @@ def test_hidden_paths_map_into_the_workspace(tmp_path: Path) -> None:
     # a state dir elsewhere inside the workspace ($ORCH_HOME)
     spec.options["state_dir"] = str(repo / "state")
     assert "state" in hidden_rels(spec, [repo])
+
+
+def test_planted_memory_links_show_the_model_no_hidden_file(tmp_path: Path) -> None:
+    """``CLAUDE.md`` / ``AGENTS.md`` go into every system prompt: a committed link from
+    them to the store or to a hidden path shows nothing (the real SDK sees the prompt)."""
+    repo = init_repo(tmp_path / "repo", {"secrets/token.txt": SECRET + "\n"})
+    (repo / "CLAUDE.md").symlink_to(".orch/orch.db")
+    (repo / "AGENTS.md").symlink_to("secrets/token.txt")
+    (repo / "orch.toml").write_text('[sandbox]\nhidden = ["secrets"]\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "memory links")
+    first = write_script(repo, {"conversations": [{"turns": [{"text": "ok"}]}]}, "first.yaml")
+    assert orch("task", STORED, "--model", f"scripted:{first}", cwd=repo).returncode == 0
+    with serve(FakeAPI(lambda body: text_reply("done"))) as api:
+        env = {"ANTHROPIC_BASE_URL": api.base_url, "ANTHROPIC_API_KEY": "sk-test-fake"}
+        r = orch("task", "hello", cwd=repo, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (request,) = api.requests
+    system = json.dumps(request["system"])
+    assert "SQLite" not in system and STORED not in system and SECRET not in system

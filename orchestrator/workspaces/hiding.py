@@ -78,10 +78,18 @@ def hidden_rels(spec: WorkspaceSpec, mirrors: Sequence[Path]) -> tuple[str, ...]
     """The workspace-relative hidden paths of a workspace that mirrors the host
     directories ``mirrors`` (its own root on the host, and the tree it was made from)."""
     cfg = SandboxSettings.model_validate(spec.options.get("sandbox") or {})
+    return hidden_within(mirrors, cfg.hidden, spec.options.get("state_dir"))
+
+
+def hidden_within(
+    mirrors: Sequence[Path], entries: Sequence[str], state_dir: str | None
+) -> tuple[str, ...]:
+    """The hidden paths (``sandbox.hidden`` ``entries``, the state dir, the usual secrets)
+    relative to a tree that mirrors ``mirrors``; ``.orch`` always."""
     home = Path(os.environ.get("HOME") or Path.home())
     rels: set[str] = {STATE_NAME}
     absolute: list[Path] = []
-    for entry in cfg.hidden:
+    for entry in entries:
         if entry.startswith("~/"):
             absolute.append(home / entry[2:])
         elif entry.startswith("/"):
@@ -89,8 +97,8 @@ def hidden_rels(spec: WorkspaceSpec, mirrors: Sequence[Path]) -> tuple[str, ...]
         elif norm := os.path.normpath(entry).strip("/"):
             if norm != "." and not norm.startswith(".."):
                 rels.add(norm)
-    if state := spec.options.get("state_dir"):
-        absolute.append(Path(state))
+    if state_dir:
+        absolute.append(Path(state_dir))
     for path in default_hidden(home, *absolute):
         rels |= _within(path, mirrors)
     return tuple(sorted(rels))
