@@ -19,7 +19,7 @@ import pytest
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces import inbox
 from orchestrator.workspaces.base import WorkspaceSpec
-from orchestrator.workspaces.hiding import hidden_reason, hidden_rels
+from orchestrator.workspaces.hiding import hidden_reason, hidden_rels, mirrored
 from tests.fakeapi import FakeAPI, serve, text_reply
 from tests.support import git, init_repo, need_bwrap, orch, sandbox_image, write_script
 
@@ -230,6 +230,9 @@ def test_hidden_paths_map_into_the_workspace(tmp_path: Path) -> None:
     # a worktree mirrors the repository: its absolute hidden paths hold there too; the
     # state dir that contains the worktree hides nothing inside it
     assert hidden_rels(spec, [tree, repo]) == (".orch", "abs.env", "rel/x")
+    # a shared child working in its parent's worktree: the same, told by the path alone
+    assert mirrored(tree) == [tree, repo]
+    assert hidden_rels(spec, mirrored(tree)) == (".orch", "abs.env", "rel/x")
     # a workspace that is $HOME holds the home's secrets
     home_rels = hidden_rels(spec, [home])
     assert ".ssh" in home_rels and ".netrc" in home_rels and ".orch" in home_rels

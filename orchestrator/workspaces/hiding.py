@@ -104,6 +104,16 @@ def hidden_within(
     return tuple(sorted(rels))
 
 
+def mirrored(root: Path) -> list[Path]:
+    """``root``, and the main checkout when ``root`` is a worktree orch made
+    (``<main>/.orch/worktrees/<run>``, told by its words: no git runs in a tree a
+    sandbox wrote): a shared child in its parent's worktree hides what the worktree does."""
+    parts = root.parts
+    if len(parts) >= 4 and parts[-3] == STATE_NAME and parts[-2] == "worktrees":
+        return [root, Path(*parts[:-3])]
+    return [root]
+
+
 def absolute_hidden(root: Path, rels: Sequence[str]) -> tuple[Path, ...]:
     """``rels`` as paths under the host workspace ``root`` (for bubblewrap to cover)."""
     return tuple(root / rel for rel in rels)

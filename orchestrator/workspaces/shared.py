@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
-from .hiding import absolute_hidden, hidden_rels
+from .hiding import absolute_hidden, hidden_rels, mirrored
 from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
 
 
@@ -28,7 +28,7 @@ class SharedWorkspace:
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
         self.root: Path = spec.base  # resolved: a root's at admission, a child's is its parent's
-        self.hidden = hidden_rels(spec, [self.root])  # refused to every tool (``hiding``)
+        self.hidden = hidden_rels(spec, mirrored(self.root))  # refused to every tool (``hiding``)
 
     async def __aenter__(self) -> Self:
         return self
