@@ -11,6 +11,8 @@ with the reason, in one line and a non-zero exit.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -164,3 +166,22 @@ def test_a_failed_ending_write_still_ends_the_run(tmp_path: Path) -> None:
     assert record.error and "injected" in record.error and record.ended_at
     ps = orch("ps", "--all", cwd=repo)
     assert ps.returncode == 0 and "running" not in ps.stdout, ps.stdout
+
+
+def test_an_undecodable_file_name_reaches_the_model_cleaned(tmp_path: Path) -> None:
+    """A name a sandbox made of bytes that are not UTF-8 comes back from ``os`` with lone
+    surrogates; the tool result carries U+FFFD instead (to the store and the server)."""
+    repo = init_repo(tmp_path / "repo", {"a.txt": "hello\n"})
+    (repo / os.fsdecode(b"bad\xff.txt")).write_text("x\n")
+
+    def glob_then_done(body: dict[str, Any]) -> dict[str, Any]:
+        if any(m["role"] == "assistant" for m in body["messages"]):
+            return text_reply("done")
+        return tool_reply(("glob", {"pattern": "*.txt"}))
+
+    with serve(FakeAPI(glob_then_done)) as api:
+        r = orch("task", "list", "--json", cwd=repo, env=_env(api), timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "succeeded", r.stderr
+    (result,) = api.requests[1]["messages"][-1]["content"]
+    assert result["content"] == "a.txt\nbad\ufffd.txt"
+    assert not re.search("[\ud800-\udfff]", json.dumps(api.requests, ensure_ascii=False))
