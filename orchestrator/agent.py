@@ -34,7 +34,7 @@ from .calls import (
 from .config import Settings
 from .guidance import environment_section, task_description
 from .memory import load_memory
-from .models.base import Block, Message, Model, ModelRequest
+from .models.base import Block, Message, Model, ModelRequest, clean_text
 from .policy import Policy, run_hooks
 from .run import Evidence, RunRecord, RunStatus, Usage
 from .store import RunStore
@@ -211,7 +211,8 @@ class AgentRun:
         self.ledger.tool_use_ids.update(tool_use_ids(self.messages))
         memory = ""
         if ctx.settings.project_memory:
-            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd)
+            hidden = ctx.settings.sandbox.hidden
+            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd, hidden)
         system = self.system_prompt(memory)
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start
@@ -323,7 +324,9 @@ class AgentRun:
         finally:
             ctx.inflight -= 1
         self.on_progress()
-        output.content = cut(output.content, ctx.settings.tool_output_limit)
+        # a name a sandbox made (undecodable bytes) arrives with lone surrogates: cleaned,
+        # as the model's own strings are, before the store or the next request sees it
+        output.content = clean_text(cut(output.content, ctx.settings.tool_output_limit))
         ctx.store.add_event(
             ctx.run_id,
             "tool_result",

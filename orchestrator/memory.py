@@ -21,19 +21,23 @@ prompt with its full size.
 (``@path`` lines stay text) or run, and no setting is read from them. The repository's
 files are read without following a symlink out of the repository (a symlink inside it,
 such as ``AGENTS.md -> CLAUDE.md``, is fine), regular files only, through
-:mod:`orchestrator.safefs`. ``project_memory = false`` turns all of it off.
+:mod:`orchestrator.safefs`; never one the tools may not read (``.orch/``, a hidden
+path: ``workspaces/hiding.py``), so a planted ``CLAUDE.md -> .orch/orch.db`` shows the
+model nothing. ``project_memory = false`` turns all of it off.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import OrchError
 from .repo import discover_sync
 from .safefs import Beneath, UnsafePath
+from .workspaces.hiding import hidden_reason, hidden_within
 
 FILE_MAX = 16 * 1024  # bytes of one file
 TOTAL_MAX = 32 * 1024  # bytes of all of them
@@ -63,12 +67,15 @@ def project_root_of(start: Path) -> Path:
         return start
 
 
-def _repo_file(root: Path, name: str) -> tuple[bytes, int, str] | None:
+def _repo_file(root: Path, name: str, hidden: Sequence[str]) -> tuple[bytes, int, str] | None:
     """Up to FILE_MAX bytes of ``root/name``, its size and its real path; None if there is
-    none or it may not be read (a symlink out of the repository, a FIFO, a hard link)."""
+    none or it may not be read (a symlink out of the repository or to a ``hidden`` path,
+    a FIFO, a hard link)."""
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, name))
     if not target.startswith(real_root + os.sep):
+        return None
+    if hidden_reason(os.path.relpath(target, real_root), hidden) is not None:
         return None
     try:
         with Beneath(real_root) as fs:
@@ -94,12 +101,14 @@ def _user_file(home: Path) -> tuple[bytes, int] | None:
         os.close(fd)
 
 
-def read_memory(root: Path, home: Path | None) -> list[MemoryFile]:
-    """The memory files of project ``root`` and the user's (``home``), uncut."""
+def read_memory(root: Path, home: Path | None, hidden: Sequence[str] = ()) -> list[MemoryFile]:
+    """The memory files of project ``root`` and the user's (``home``), uncut; none that
+    is (or links to) a path of ``sandbox.hidden`` or the state directory."""
     found: list[MemoryFile] = []
     seen: dict[str, bytes] = {}
+    rels = hidden_within([root], hidden, os.environ.get("ORCH_HOME"))
     for name in REPO_FILES:
-        got = _repo_file(root, name)
+        got = _repo_file(root, name, rels)
         if got is None:
             continue
         data, size, real = got
@@ -138,7 +147,8 @@ def memory_section(files: list[MemoryFile]) -> str:
     return HEADER + "\n" + "\n".join(parts) if parts else ""
 
 
-def load_memory(start: Path) -> str:
-    """The memory section for a run whose host directory is ``start`` (blocking)."""
-    home = os.environ.get("HOME")
-    return memory_section(read_memory(project_root_of(start), Path(home) if home else None))
+def load_memory(start: Path, hidden: Sequence[str] = ()) -> str:
+    """The memory section for a run whose host directory is ``start`` (blocking);
+    ``hidden``: the run's ``sandbox.hidden``."""
+    home = Path(h) if (h := os.environ.get("HOME")) else None
+    return memory_section(read_memory(project_root_of(start), home, hidden))

@@ -18,7 +18,9 @@ before a workspace that lives under ``/tmp``, a hidden store dir before the
 worktree inside it, the workspace before the ``.git`` inside it. A read-only
 path is a mount point, so it cannot be renamed, replaced or deleted; the
 directories between it and the workspace are bound onto themselves (still
-writable) so that they cannot be renamed away with it either.
+writable) so that they cannot be renamed away with it either; so are those between
+the workspace and a hidden path inside it (renaming a parent would carry the hidden
+file out from under its cover).
 
 Killing: ``bwrap --die-with-parent`` plus the caller's kill of bwrap's process
 group ends everything, ``setsid``-detached grandchildren included: they live
@@ -173,6 +175,10 @@ class OsSandbox:
         for path in [*self._existing(self.read_only_within), *itself]:
             add(path, _READ_ONLY, ["--ro-bind", str(path), str(path)])
             for root in writable:  # a mount point cannot be renamed: pin the way to it
+                if path.is_relative_to(root):
+                    pinned.update(a for a in path.parents if a.is_relative_to(root) and a != root)
+        for path in self._existing(self.hidden):  # renaming a parent would unhide it
+            for root in writable:
                 if path.is_relative_to(root):
                     pinned.update(a for a in path.parents if a.is_relative_to(root) and a != root)
         for path in [*writable, *sorted(pinned - set(writable))]:

@@ -36,6 +36,7 @@ from .background import me, spawn_worker, supervised, this_node
 from .config import DEFAULT_COMMIT_EXCLUDE, Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Executor, RunHandle, spawned_event
+from .ending import announce, end_failed
 from .errors import OrchError
 from .gate import ChainGate
 from .models import ModelProvider
@@ -466,8 +467,11 @@ class Runner:
         if ctx is not None:
             fields["usage"] = ctx.usage
             fields["evidence"] = ctx.evidence
-        done = self.store.update_run(record.run_id, **fields)
-        self.store.save_output(record.run_id, outcome.text)
+        try:
+            done = self.store.update_run(record.run_id, **fields)
+            self.store.save_output(record.run_id, outcome.text)
+        except Exception as e:  # written all the same: failed, with the reason (``ending``)
+            return announce(self.store, end_failed(self.store, record.run_id, outcome.status, e))
         if held:
             self.held[record.run_id] = outcome.status.value
             return done.model_copy(update={"status": outcome.status})
@@ -479,11 +483,7 @@ class Runner:
         return self._ended(done) if done is not None else self.store.require_run(run_id)
 
     def _ended(self, done: RunRecord) -> RunRecord:
-        self.store.add_event(done.run_id, "run_finished", {
-            "status": done.status.value, "error": done.error, "usage": done.usage.model_dump(),
-            "evidence": done.evidence.model_dump(), "artifacts": done.artifacts,
-        })  # fmt: skip
-        return done
+        return announce(self.store, done)
 
     # -- around root runs ---------------------------------------------------------------
     def warm_pool(self, record: RunRecord) -> contextlib.AbstractAsyncContextManager[object]:

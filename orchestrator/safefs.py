@@ -20,13 +20,19 @@ through ``/proc/self/fd`` (a FIFO never blocks, a device is never opened) and
 reads at most ``max_bytes``. ``write`` renames a temp file from the same
 directory over the destination: atomic, and a link there is never written
 through. Linux only (elsewhere: import-safe, walk fallback, no O_PATH).
+
+**Refuse rule**: a ``Beneath`` made with ``refuse`` (the workspace's hidden paths, see
+``workspaces/hiding.py``) asks it about every normalized path before opening it, and a
+walk or glob neither lists nor enters what it refuses; a glob whose literal leading
+components are refused raises. Since the normalized path is the file opened (the
+symlink rule above, ``..`` by its words, hard links refused), the check holds. Walking
+and glob matching live in :mod:`orchestrator.safeglob`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import fnmatch
 import os
 import re
 import secrets
@@ -34,9 +40,13 @@ import stat
 import sys
 from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import contextmanager, suppress
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from .safeglob import LIST_FLAGS as _LIST_FLAGS
+from .safeglob import Refuse, Walk, match_parts, pattern_parts
+from .safeglob import TooManyEntries as TooManyEntries
+from .safeglob import UnsafePath as UnsafePath
 
 DEFAULT_MAX_READ = 10 * 1024 * 1024
 DEFAULT_SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
@@ -47,20 +57,10 @@ _O_PATH: int = getattr(os, "O_PATH", 0)
 _O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = (_O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | _O_CLOEXEC
-_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE = 0x08 | 0x04 | 0x02  # RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 _Parts = tuple[str, ...]
 _Gen = Generator[str, None, None]
-
-
-class UnsafePath(Exception):
-    """The path escapes the workspace, goes through a symlink, or names a hard-linked or
-    special file; the message says which, in words a model can act on."""
-
-
-class TooManyEntries(Exception):
-    """``walk`` reached its entry limit; what it yielded so far is valid but incomplete."""
 
 
 class _OpenHow(ctypes.Structure):
@@ -128,8 +128,15 @@ class Beneath:
     """File operations beneath ``root`` on root-relative paths, race-free against path
     swaps. Holds one fd of the root: a context manager (or ``close``). Thread-safe."""
 
-    def __init__(self, root: str | os.PathLike[str], *, use_openat2: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        use_openat2: bool = True,
+        refuse: Refuse | None = None,
+    ) -> None:
         self.root = Path(os.path.abspath(root))
+        self._refuse = refuse
         self._real = os.path.realpath(self.root)
         self._fd = os.open(self.root, _DIR_FLAGS & ~os.O_NOFOLLOW)
         self.uses_openat2 = use_openat2 and _syscall is not None and self._probe()
@@ -162,7 +169,14 @@ class Beneath:
                     return norm[len(root) + 1 :]
         return path
 
+    def _guard(self, parts: _Parts) -> None:
+        """UnsafePath if the path opened is one the ``refuse`` rule forbids (every
+        operation passes here with the very path it opens: no link is ever followed)."""
+        if self._refuse is not None and parts and (why := self._refuse("/".join(parts))):
+            raise UnsafePath(why)
+
     def _open(self, rel: str, parts: _Parts, flags: int) -> int:
+        self._guard(parts)
         flags |= os.O_NOFOLLOW | _O_CLOEXEC
         try:
             if self.uses_openat2:
@@ -177,6 +191,7 @@ class Beneath:
 
     def _walk_to(self, rel: str, parts: _Parts, *, create: bool = False) -> int:
         """An fd of directory ``parts``, one O_NOFOLLOW step at a time (mkdir missing ones)."""
+        self._guard(parts)
         fd = os.open(".", _DIR_FLAGS, dir_fd=self._fd)
         try:
             for i, name in enumerate(parts):
@@ -302,6 +317,7 @@ class Beneath:
         if not parts:
             raise IsADirectoryError(errno.EISDIR, "the workspace root is a directory", rel)
         name = parts[-1]
+        self._guard(parts)
         with self._dir(rel, parts[:-1], create=make_parents) as d:
             try:
                 old = os.stat(name, dir_fd=d, follow_symlinks=False)
@@ -333,6 +349,7 @@ class Beneath:
         parts = _parts(rel)
         if not parts:
             raise IsADirectoryError(errno.EISDIR, "the workspace root is a directory", rel)
+        self._guard(parts)
         with self._dir(rel, parts[:-1]) as d:
             os.unlink(parts[-1], dir_fd=d)
 
@@ -342,6 +359,7 @@ class Beneath:
         parts = _parts(rel)
         if not parts:
             raise UnsafePath("refusing to remove the workspace root itself")
+        self._guard(parts)
         with self._dir(rel, parts[:-1]) as d:
             _rmtree_at(d, parts[-1])
 
@@ -354,13 +372,15 @@ class Beneath:
     ) -> _Gen:
         """Root-relative paths of the regular files below ``rel_dir``, depth first, each
         directory's files in name order. Symlinks are neither listed nor descended, nor are
-        directories named in ``skip_dirs`` (below ``rel_dir``). Raises TooManyEntries once
+        directories named in ``skip_dirs`` (below ``rel_dir``) nor paths the ``refuse``
+        rule forbids (neither listed nor entered). Raises TooManyEntries once
         ``max_entries`` directory entries have been visited."""
         return self._walk(rel_dir, _parts(rel_dir), skip_dirs, max_entries, _MAX_DEPTH)
 
     def _walk(self, rel: str, parts: _Parts, skip: Collection[str], limit: int, depth: int) -> _Gen:
         fd = self._open(rel, parts, _LIST_FLAGS)
-        yield from _walk_fd(fd, "".join(p + "/" for p in parts), skip, [limit] * 2, depth)
+        walk = Walk(skip, [limit] * 2, self._refuse)
+        yield from walk.files(fd, "".join(p + "/" for p in parts), depth)
 
     def glob(
         self,
@@ -372,8 +392,13 @@ class Beneath:
     ) -> tuple[list[str], bool]:
         """Sorted regular files matching ``pattern`` (``*``, ``?``, ``[...]`` within a name,
         ``**`` for any number of directories; a trailing ``**`` matches every file below),
-        at most ``limit``. The bool is true if there were more or the walk hit its limit."""
-        pat = _pattern_parts(pattern)
+        at most ``limit``. The bool is true if there were more or the walk hit its limit.
+        UnsafePath if the pattern's literal leading components name a refused path."""
+        pat = pattern_parts(pattern)
+        literal = 0
+        while literal < len(pat) and not re.search(r"[*?\[]", pat[literal]):
+            literal += 1
+        self._guard(pat[:literal])
         fixed = 0  # leading components without wildcards: walk from there
         while fixed < len(pat) - 1 and not re.search(r"[*?\[]", pat[fixed]):
             fixed += 1
@@ -384,7 +409,7 @@ class Beneath:
         paths = self._walk(pattern, pat[:fixed], skip_dirs, max_entries, depth)
         try:
             for path in paths:
-                if _match(rest, tuple(path.split("/")[fixed:])):
+                if match_parts(rest, tuple(path.split("/")[fixed:])):
                     if len(found) == limit:
                         truncated = True
                         break
@@ -396,33 +421,6 @@ class Beneath:
         finally:
             paths.close()
         return sorted(found), truncated
-
-
-def _walk_fd(fd: int, prefix: str, skip: Collection[str], budget: list[int], depth: int) -> _Gen:
-    """Files below directory ``fd`` (closed when done), then its subdirectories'."""
-    try:
-        files: list[str] = []
-        dirs: list[str] = []
-        with os.scandir(fd) as it:
-            for entry in it:
-                budget[0] -= 1
-                if budget[0] < 0:
-                    raise TooManyEntries(f"stopped after {budget[1]} entries; narrow the path")
-                if entry.is_dir(follow_symlinks=False):
-                    if depth > 0 and entry.name not in skip:
-                        dirs.append(entry.name)
-                elif entry.is_file(follow_symlinks=False):
-                    files.append(entry.name)
-        for name in sorted(files):
-            yield prefix + name
-        for name in sorted(dirs):
-            try:  # swapped for a symlink, vanished, unreadable: skip it
-                sub = os.open(name, _LIST_FLAGS, dir_fd=fd)
-            except OSError:
-                continue
-            yield from _walk_fd(sub, f"{prefix}{name}/", skip, budget, depth - 1)
-    finally:
-        os.close(fd)
 
 
 def _rmtree_at(parent: int, name: str, top: bool = True) -> None:
@@ -453,43 +451,3 @@ def _rmtree_at(parent: int, name: str, top: bool = True) -> None:
     except FileNotFoundError:
         if top:  # below the top, someone else removed it first
             raise
-
-
-def _pattern_parts(pattern: str) -> _Parts:
-    if "\x00" in pattern:
-        raise ValueError("invalid glob pattern (NUL byte)")
-    if pattern.startswith("/") or ".." in pattern.split("/"):
-        raise UnsafePath("glob patterns must be relative to the workspace, without '..'")
-    out: list[str] = []
-    for part in pattern.split("/"):
-        if part not in ("", ".") and not (part == "**" and out and out[-1] == "**"):
-            out.append(part)
-    if not out:
-        raise ValueError(f"empty glob pattern {pattern!r}")
-    return tuple(out)
-
-
-@lru_cache(maxsize=256)
-def _component(part: str) -> re.Pattern[str]:
-    return re.compile(fnmatch.translate(part))
-
-
-def _match(pat: _Parts, names: _Parts) -> bool:
-    """Whether path components ``names`` match glob components ``pat``."""
-    memo: dict[tuple[int, int], bool] = {}
-    n = len(names)
-
-    def go(i: int, j: int) -> bool:
-        if (i, j) not in memo:
-            if i == len(pat):
-                ok = j == n
-            elif pat[i] == "**" and i == len(pat) - 1:
-                ok = j < n  # a trailing ** matches any file below
-            elif pat[i] == "**":
-                ok = any(go(i + 1, k) for k in range(j, n))
-            else:
-                ok = j < n and bool(_component(pat[i]).match(names[j])) and go(i + 1, j + 1)
-            memo[i, j] = ok
-        return memo[i, j]
-
-    return go(0, 0)

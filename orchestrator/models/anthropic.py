@@ -2,7 +2,9 @@
 
 ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL work as in the SDK, so any
 Messages-API-compatible server can stand in; the SDK's own retries (with
-backoff on 429 / 5xx / dropped connections) apply.
+backoff on 429 / 5xx / dropped connections) apply. What the server sends is cleaned of
+lone UTF-16 surrogates (``base.clean``: in ``ModelResponse``, and the error messages
+here), so no string of it can break a later write.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import anthropic
 
-from .base import Block, ModelError, ModelRequest, ModelResponse, ModelUsage
+from .base import Block, ModelError, ModelRequest, ModelResponse, ModelUsage, clean_text
 
 
 def has_credentials() -> bool:
@@ -91,13 +93,15 @@ class AnthropicModel:
                 "the API rejected the credentials (401); check ANTHROPIC_API_KEY"
             ) from e
         except anthropic.APIStatusError as e:
-            raise ModelError(f"model API error {e.status_code}: {e.message}") from e
+            raise ModelError(clean_text(f"model API error {e.status_code}: {e.message}")) from e
         except anthropic.APIConnectionError as e:
             raise ModelError(
-                f"cannot reach the model API ({e}); check ANTHROPIC_BASE_URL and the network"
+                clean_text(
+                    f"cannot reach the model API ({e}); check ANTHROPIC_BASE_URL and the network"
+                )
             ) from e
         except anthropic.APIError as e:  # a response the SDK could not read
-            raise ModelError(f"model API error: {e}") from e
+            raise ModelError(clean_text(f"model API error: {e}")) from e
         usage = getattr(response, "usage", None)
         content = getattr(response, "content", None)
         return ModelResponse(

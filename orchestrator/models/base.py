@@ -7,11 +7,49 @@ dicts (``{"type": "text", ...}``, ``{"type": "tool_use", ...}``,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
 Block = dict[str, Any]
 Message = dict[str, Any]
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate (which no UTF-8 encoder, JSON serializer
+    or database accepts) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def clean(value: Any) -> Any:
+    """A copy of the JSON-like ``value`` with :func:`clean_text` applied to every string in
+    it, dict keys too, however deep (no recursion: a server picks the depth)."""
+    out = [value]
+    done: dict[int, Any] = {}  # id of a container seen -> its copy (shared or cyclic ones)
+    todo: list[tuple[Any, Any]] = [(out, 0)]
+    while todo:
+        parent, key = todo.pop()
+        item = parent[key]
+        if isinstance(item, str):
+            parent[key] = clean_text(item)
+        elif isinstance(item, (list, dict)):
+            if id(item) in done:
+                parent[key] = done[id(item)]
+                continue
+            copy: Any
+            if isinstance(item, list):
+                copy = list(item)
+                todo.extend((copy, i) for i in range(len(copy)))
+            else:
+                copy = {clean_text(k) if isinstance(k, str) else k: v for k, v in item.items()}
+                todo.extend((copy, k) for k in copy)
+            done[id(item)] = parent[key] = copy
+    return out[0]
 
 
 @dataclass(frozen=True)
@@ -38,6 +76,15 @@ class ModelResponse:
     content: list[Block]
     stop_reason: str = "end_turn"
     usage: ModelUsage = field(default_factory=ModelUsage)
+
+    def __post_init__(self) -> None:
+        """The seam every model answers through: its strings (text, tool ids, names and
+        input, stop reason) are cleaned of lone surrogates here, once, so no later
+        serialization of them (store, transcript, events, the next request) can fail."""
+        self.content = clean(self.content)
+        self.stop_reason = (
+            clean_text(self.stop_reason) if isinstance(self.stop_reason, str) else "end_turn"
+        )
 
     # What a model sends is not trusted to be well formed: a tool_use block keeps its
     # ``input`` as sent (a string, a list, a number, null or absent: the agent loop answers

@@ -4,7 +4,9 @@ A path is checked here by its words (relative to the workspace, no ``..`` out, n
 writes into ``.git`` or orch's control files), then handed to the run's
 :class:`~orchestrator.workspaces.base.Runtime`, which opens it race-free beneath
 the workspace root (no symlink followed, no hard link, no special file) or, in a
-container, inside the sandbox. Reads are capped before any byte is loaded.
+container, inside the sandbox. Reads are capped before any byte is loaded. The
+runtime refuses the workspace's hidden paths and ``.orch/`` on the path it opens,
+and its walks skip them (``workspaces/hiding.py``): every tool here goes through it.
 """
 
 from __future__ import annotations
@@ -171,7 +173,9 @@ class GlobTool(Tool):
             raise ToolFailure("glob patterns must be relative to the workspace, without '..'")
         try:
             lines, more = await ctx.runtime.glob(args.pattern, limit=MAX_GLOB)
-        except (ValueError, UnsafePath) as e:
+        except UnsafePath as e:  # outside, or a hidden path named
+            raise ToolFailure(str(e)) from None
+        except ValueError as e:
             raise ToolFailure(f"bad glob pattern: {e}") from e
         if more:
             lines.append(f"[more than {MAX_GLOB} matches; narrow the pattern]")

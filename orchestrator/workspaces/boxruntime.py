@@ -60,17 +60,21 @@ def _raise(reply: dict[str, Any]) -> None:
 
 
 class ContainerRuntime:
-    """Runtime of a container workspace; ``root`` is ``/workspace`` (what the model sees)."""
+    """Runtime of a container workspace; ``root`` is ``/workspace`` (what the model sees);
+    ``hidden``: the workspace-relative paths the tools refuse (``hiding.hidden_rels``),
+    sent with every request and enforced by :mod:`.inbox` inside."""
 
     def __init__(
         self,
         box: Sandbox,
         run: Callable[[str, float, Mapping[str, str]], Awaitable[ProcessResult]],
         root: str,
+        hidden: tuple[str, ...] = (".orch",),
     ) -> None:
         self.root = Path(root)
         self.box = box
         self._run = run
+        self.hidden = hidden
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
@@ -80,9 +84,10 @@ class ContainerRuntime:
     async def call(
         self, request: dict[str, Any], data: bytes = b"", *, reply_cap: int
     ) -> tuple[dict[str, Any], bytes]:
-        head = json.dumps({**request, "size": len(data)}).encode() + b"\n"
+        head = json.dumps({**request, "hidden": list(self.hidden), "size": len(data)})
+        head += "\n"
         got = await self.box.call(
-            ["python3", "-c", inbox_source()], head + data,
+            ["python3", "-c", inbox_source()], head.encode() + data,
             out_cap=reply_cap + HEADER_MAX, timeout_s=CALL_TIMEOUT_S, via_server=True,
         )  # fmt: skip
         if got.overflow:

@@ -49,6 +49,7 @@ from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .boxout import checkpoint_resource, export_work, land
 from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
+from .hiding import hidden_reason, hidden_rels, mirrored
 from .pool import (
     MANAGED,
     WORKSPACE,
@@ -210,7 +211,8 @@ class ContainerWorkspace:
     def runtime(self) -> Runtime:
         if self.box is None:
             raise OrchError("the container workspace is not open")
-        return ContainerRuntime(self.box, self._run, WORKSPACE)
+        hidden = hidden_rels(self.spec, mirrored(self.root))  # the clone mirrors the user's tree
+        return ContainerRuntime(self.box, self._run, WORKSPACE, hidden)
 
     # -- opening ------------------------------------------------------------------------
 
@@ -307,7 +309,8 @@ class ContainerWorkspace:
             patterns = [include] if isinstance(include, str) else list(include)
             files = await asyncio.to_thread(include_files, self.main.main_root, patterns)
             keep = await untracked(self.main, sorted(files)) if files else []
-            chosen = {rel: files[rel] for rel in keep}
+            hidden = hidden_rels(self.spec, mirrored(self.root))  # a hidden file never goes in
+            chosen = {rel: files[rel] for rel in keep if hidden_reason(rel, hidden) is None}
             archive = staging.path("in.tar")
             self._digests = await asyncio.to_thread(
                 write_archive, archive, bundle, chosen, self.uid, self.gid

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import re
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -37,6 +38,7 @@ from ..osbox import (
 )
 from ..safefs import Beneath, UnsafePath
 from .base import FileRead, ProcessResult, WorkspaceSpec, run_process
+from .hiding import hidden_reason
 
 SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
 GREP_FILE_BYTES = 2 * 1024 * 1024  # a larger file is searched in its first 2 MiB only
@@ -89,8 +91,10 @@ async def run_confined(
     read_only_within: tuple[Path, ...],
     timeout_s: float,
     env: Mapping[str, str],
+    hidden_within: tuple[Path, ...] = (),
 ) -> ProcessResult:
-    """``bash -c command`` in ``workspace`` under the run's OS sandbox."""
+    """``bash -c command`` in ``workspace`` under the run's OS sandbox; ``hidden_within``:
+    the workspace's own hidden paths (``hiding.hidden_rels``) as host paths."""
     argv = ["bash", "-c", command]
     cfg = SandboxSettings.model_validate(spec.options.get("sandbox") or {})
     if cfg.os == "off":
@@ -103,6 +107,7 @@ async def run_confined(
     hidden = [home / p[2:] if p.startswith("~/") else Path(p) for p in cfg.hidden]
     if state := spec.options.get("state_dir"):
         hidden.append(Path(state))
+    hidden += hidden_within
     # ~/.orch (the warm process's socket, user config) is hidden; a path that does not
     # exist cannot be, and would show once made during the command: make it now
     with contextlib.suppress(OSError):
@@ -126,11 +131,17 @@ async def run_confined(
 
 
 class HostRuntime:
-    """Runtime over a host directory; ``exec`` is the tier's command runner."""
+    """Runtime over a host directory; ``exec`` is the tier's command runner. ``hidden``:
+    the workspace-relative paths no file operation may open, list or search
+    (``hiding.hidden_rels``), enforced by ``Beneath`` on the very path it opens."""
 
-    def __init__(self, root: Path, exec_: Exec) -> None:
+    def __init__(self, root: Path, exec_: Exec, hidden: tuple[str, ...] = (".orch",)) -> None:
         self.root = root
         self._exec = exec_
+        self.hidden = hidden
+
+    def _fs(self) -> Beneath:
+        return Beneath(self.root, refuse=lambda rel: hidden_reason(rel, self.hidden))
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
@@ -139,7 +150,7 @@ class HostRuntime:
 
     async def read_file(self, path: str, *, max_bytes: int) -> FileRead:
         def read() -> FileRead:
-            with Beneath(self.root) as fs:
+            with self._fs() as fs:
                 data, size = fs.read(path, max_bytes)
             return FileRead(data, size)
 
@@ -147,14 +158,14 @@ class HostRuntime:
 
     async def write_file(self, path: str, data: bytes) -> None:
         def write() -> None:
-            with Beneath(self.root) as fs:
+            with self._fs() as fs:
                 fs.write(path, data)
 
         await asyncio.to_thread(write)
 
     async def glob(self, pattern: str, *, limit: int) -> tuple[list[str], bool]:
         def find() -> tuple[list[str], bool]:
-            with Beneath(self.root) as fs:
+            with self._fs() as fs:
                 return fs.glob(pattern, limit=limit, skip_dirs=SKIP_DIRS)
 
         return await asyncio.to_thread(find)
@@ -166,9 +177,13 @@ class HostRuntime:
 
         def search() -> list[str]:
             hits: list[str] = []
-            with Beneath(self.root) as fs:
-                if path and fs.is_file(path):  # one file, named: what is wrong with it is said
-                    fs.read(path, 0)
+            with self._fs() as fs:
+                try:  # a named path hidden, or through a link, is refused here
+                    named = fs.stat(path) if path else None
+                except FileNotFoundError:
+                    named = None
+                if path and named is not None and not stat.S_ISDIR(named.st_mode):
+                    fs.read(path, 0)  # one file, named: what is wrong with it is said
                     files = [path]
                 else:
                     prefix = (path or "").strip("/")

@@ -27,6 +27,12 @@ container's own filesystem: its read-only image, its tmpfs, its workspace volume
 all of which the sandbox user can read and write with ``bash`` anyway. The check
 keeps the tools' meaning ("files of the workspace"); it is not what keeps the host
 safe: the absence of any shared host path is.
+
+**Hidden paths.** A request carries ``hidden``, the workspace-relative paths no tool may
+use (``hiding.hidden_rels``; any component named ``.orch`` is always among them). A path
+is refused when its words or its resolved path (relative to ``/workspace``) lie at or
+below one of them (:func:`hidden_reason`, the host rule of ``hiding``, repeated here
+because this program imports nothing of orch); a walk neither lists nor enters them.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request line plus its data
 SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
 _MAX_DEPTH = 100
 PRUNE_MAX = 16 * 1024 * 1024  # an include copy is at most 10 MiB (transfer.INCLUDE_FILE_MAX)
+STATE_NAME = ".orch"
+REFUSED = "is hidden from agents (orch's state or a sandbox.hidden path); refused"
+HIDDEN: list[str] = []  # this request's hidden paths (``handle`` sets them)
 
 
 class Refused(Exception):
@@ -59,6 +68,28 @@ class Refused(Exception):
         self.kind = kind
 
 
+def _fold(parts: Any) -> tuple[str, ...]:
+    return tuple(p.casefold() for p in parts if p not in ("", "."))
+
+
+def hidden_reason(rel: str, hidden: Any) -> str | None:
+    """Why the normalized workspace-relative ``rel`` may not be used, or None (the same
+    rule as ``orchestrator.workspaces.hiding.hidden_reason``)."""
+    parts = _fold(rel.split("/"))
+    if STATE_NAME in parts:
+        return f"{rel!r} {REFUSED}"
+    for h in hidden:
+        hp = _fold(str(h).split("/"))
+        if hp and parts[: len(hp)] == hp:
+            return f"{rel!r} {REFUSED}"
+    return None
+
+
+def _check_hidden(rel: str, shown: str) -> None:
+    if (why := hidden_reason(rel, HIDDEN)) is not None:
+        raise Refused("unsafe", why if rel == shown else f"{shown!r} {REFUSED}")
+
+
 def _lexical(rel: str) -> str:
     if not isinstance(rel, str) or not rel or "\x00" in rel:
         raise Refused("unsafe", "empty or invalid path")
@@ -67,6 +98,7 @@ def _lexical(rel: str) -> str:
     norm = os.path.normpath(rel)
     if norm == ".." or norm.startswith("../"):
         raise Refused("unsafe", f"{rel!r} leaves the workspace")
+    _check_hidden(norm, norm)
     return norm
 
 
@@ -78,8 +110,10 @@ def resolve(rel: str, root: str = ROOT) -> str:
     """The real path of ``rel`` beneath ``root`` (symlinks followed), or Refused."""
     norm = _lexical(rel)
     real = os.path.realpath(os.path.join(root, norm))
-    if not _inside(real, os.path.realpath(root)):
+    real_root = os.path.realpath(root)
+    if not _inside(real, real_root):
         raise Refused("unsafe", f"{rel!r} resolves outside the workspace (through a symlink)")
+    _check_hidden(os.path.relpath(real, real_root), norm)  # a link to a hidden path, too
     return real
 
 
@@ -118,6 +152,7 @@ def write(rel: str, data: bytes, root: str = ROOT) -> None:
         raise Refused("is_dir", "cannot write to the workspace root itself")
     parent = resolve(os.path.dirname(norm) or ".", root)
     target = os.path.join(parent, os.path.basename(norm))
+    _check_hidden(os.path.relpath(target, os.path.realpath(root)), norm)
     if os.path.isdir(target) and not os.path.islink(target):
         raise Refused("is_dir", f"{rel} is a directory")
     os.makedirs(parent, exist_ok=True)
@@ -185,6 +220,8 @@ def _walk(top: str, prefix: str, budget: list[int], depth: int) -> Any:
         budget[0] -= 1
         if budget[0] < 0:
             raise Refused("walk_limit", "walk limit reached")
+        if hidden_reason(prefix + entry.name, HIDDEN) is not None:
+            continue  # neither listed nor entered: its name is not shown either
         if entry.is_dir(follow_symlinks=False):
             if depth > 0 and entry.name not in SKIP_DIRS:
                 dirs.append(entry)
@@ -204,6 +241,10 @@ def glob(pattern: str, limit: int, root: str = ROOT) -> tuple[list[str], bool]:
     rest = pat[fixed:]
     depth = _MAX_DEPTH if "**" in rest else len(rest) - 1
     prefix = "/".join(pat[:fixed])
+    literal = 0
+    while literal < len(pat) and not re.search(r"[*?\[]", pat[literal]):
+        literal += 1
+    _check_hidden("/".join(pat[:literal]), pattern)  # a named hidden path is refused
     try:
         top = resolve(prefix or ".", root)
     except Refused:
@@ -281,6 +322,7 @@ def prune(files: dict[str, str], root: str = ROOT) -> list[str]:
 def handle(request: dict[str, Any], data: bytes, root: str = ROOT) -> tuple[dict[str, Any], bytes]:
     """One request: the reply header and the raw bytes that follow it."""
     op = request.get("op")
+    HIDDEN[:] = [str(h) for h in request.get("hidden") or []]
     try:
         if op == "read":
             got, size = read(request["path"], int(request["max_bytes"]), root)

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .hiding import absolute_hidden, hidden_rels, mirrored
 from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
 
 
@@ -27,6 +28,7 @@ class SharedWorkspace:
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
         self.root: Path = spec.base  # resolved: a root's at admission, a child's is its parent's
+        self.hidden = hidden_rels(spec, mirrored(self.root))  # refused to every tool (``hiding``)
 
     async def __aenter__(self) -> Self:
         return self
@@ -49,10 +51,11 @@ class SharedWorkspace:
             read_only_within=(self.root / ".git",),
             timeout_s=timeout_s,
             env=env,
+            hidden_within=absolute_hidden(self.root, self.hidden),
         )
 
     def runtime(self) -> Runtime:
-        return HostRuntime(self.root, self.exec)
+        return HostRuntime(self.root, self.exec, self.hidden)
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         return None

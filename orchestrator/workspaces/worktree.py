@@ -47,6 +47,7 @@ from ..errors import OrchError, UsageError
 from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
 from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .hiding import absolute_hidden, hidden_reason, hidden_rels
 from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
 from .settle import (
     commit_exclude,
@@ -189,6 +190,7 @@ class WorktreeWorkspace:
         self.branch = self.continued or branch_name(spec.agent, spec.run_id)
         self.base_commit = ""
         self.main_root: Path | None = None
+        self.hidden: tuple[str, ...] = (".orch",)  # set once made: ``hiding.hidden_rels``
         self._outcome: RunOutcome | None = None
         self._created = False
         self._owns_branch = False
@@ -221,6 +223,7 @@ class WorktreeWorkspace:
         return await run_confined(
             command, spec=self.spec, workspace=self.root, timeout_s=timeout_s, env=env,
             read_only_within=(self.root / ".git", self.main_root / ".git"),
+            hidden_within=absolute_hidden(self.root, self.hidden),
         )  # fmt: skip
 
     def set_outcome(self, outcome: RunOutcome) -> None:
@@ -235,7 +238,7 @@ class WorktreeWorkspace:
         return [dict(a) for a in self._artifacts]
 
     def runtime(self) -> Runtime:
-        return HostRuntime(self.root, self.exec)
+        return HostRuntime(self.root, self.exec, self.hidden)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -258,6 +261,8 @@ class WorktreeWorkspace:
         include = spec.options.get("include") or []
         patterns = [*([include] if isinstance(include, str) else include), *patterns]
         path = orch_dir(main.main_root) / "worktrees" / spec.run_id
+        # a worktree is a checkout of the base: what is hidden there is hidden here too
+        self.hidden = hidden_rels(spec, [path, base_top, main.main_root])
         reason = lock_reason(spec.run_id, self.base_commit)
         async with repo_lock(main.main_root):
             await self._add(main, path, reason)
@@ -327,7 +332,8 @@ class WorktreeWorkspace:
             chunk = [f":(literal){r}" for r in rels[i : i + 200]]
             listed = await git("ls-files", "-z", "--", *chunk, repo=base, check=False)
             tracked.update(p for p in listed.out.split("\0") if p)
-        wanted = [r for r in rels if r not in tracked]
+        # untracked only; a hidden file is never copied in (``hiding``)
+        wanted = [r for r in rels if r not in tracked and hidden_reason(r, self.hidden) is None]
         self._copied = await asyncio.to_thread(_copy_includes, base_top, self.root, wanted)
 
     async def _discard(self) -> None:

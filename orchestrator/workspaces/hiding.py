@@ -1,0 +1,119 @@
+"""What no tool may touch inside a workspace: orch's state and the hidden paths.
+
+``bash`` runs under bubblewrap, which covers the hidden paths with an empty mount; the
+file tools (``read_file``, ``write_file``, ``edit_file``, ``glob``, ``grep``) open paths
+themselves, so they carry the same list as **workspace-relative paths** and refuse any
+path at or below one of them (a walk prunes them: their names are never listed).
+
+The list, for one workspace (:func:`hidden_rels`):
+
+- every path component named ``.orch``: orch's state directory (the store, logs,
+  worktrees) of this project or of any project nested in it;
+- the state directory itself (``$ORCH_HOME``) when it lies inside the workspace;
+- the hidden secret paths (``~/.ssh``, … and ``sandbox.hidden``) that lie inside the
+  workspace, or inside the tree it mirrors (a worktree is a checkout of the user's tree,
+  a container a clone of it): ``/repo/secrets.env`` is hidden as ``secrets.env`` in every
+  worktree and container of ``/repo`` too. A relative ``sandbox.hidden`` entry names a
+  path relative to the workspace root.
+
+The rule (:func:`hidden_reason`) is lexical on the path *that is opened*: on the host,
+:mod:`orchestrator.safefs` follows no symlink, applies ``..`` by its words and refuses
+hard-linked files, so the normalized relative path is the file; in a container
+:mod:`.inbox` applies the same rule to the path after resolving it. Names are compared
+case-folded (a case-insensitive filesystem cannot spell its way around the list).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ..config import SandboxSettings
+from ..osbox import default_hidden
+from .base import WorkspaceSpec
+
+STATE_NAME = ".orch"
+REFUSED = "is hidden from agents (orch's state or a sandbox.hidden path); refused"
+
+
+def _fold(parts: Iterable[str]) -> tuple[str, ...]:
+    return tuple(p.casefold() for p in parts if p not in ("", "."))
+
+
+def hidden_reason(rel: str, hidden: Sequence[str]) -> str | None:
+    """Why the normalized workspace-relative ``rel`` may not be used, or None."""
+    parts = _fold(rel.split("/"))
+    if STATE_NAME in parts:
+        return f"{rel!r} {REFUSED}"
+    for h in hidden:
+        hp = _fold(h.split("/"))
+        if hp and parts[: len(hp)] == hp:
+            return f"{rel!r} {REFUSED}"
+    return None
+
+
+def _candidates(path: Path) -> set[Path]:
+    out = {Path(os.path.abspath(path))}
+    try:
+        out.add(path.resolve())
+    except (OSError, RuntimeError):
+        pass
+    return out
+
+
+def _within(path: Path, roots: Iterable[Path]) -> set[str]:
+    """``path`` relative to each of ``roots`` it lies strictly below (lexically and
+    resolved)."""
+    found: set[str] = set()
+    for root in roots:
+        for r in _candidates(root):
+            for p in _candidates(path):
+                if p != r and p.is_relative_to(r):
+                    found.add(p.relative_to(r).as_posix())
+    return found
+
+
+def hidden_rels(spec: WorkspaceSpec, mirrors: Sequence[Path]) -> tuple[str, ...]:
+    """The workspace-relative hidden paths of a workspace that mirrors the host
+    directories ``mirrors`` (its own root on the host, and the tree it was made from)."""
+    cfg = SandboxSettings.model_validate(spec.options.get("sandbox") or {})
+    return hidden_within(mirrors, cfg.hidden, spec.options.get("state_dir"))
+
+
+def hidden_within(
+    mirrors: Sequence[Path], entries: Sequence[str], state_dir: str | None
+) -> tuple[str, ...]:
+    """The hidden paths (``sandbox.hidden`` ``entries``, the state dir, the usual secrets)
+    relative to a tree that mirrors ``mirrors``; ``.orch`` always."""
+    home = Path(os.environ.get("HOME") or Path.home())
+    rels: set[str] = {STATE_NAME}
+    absolute: list[Path] = []
+    for entry in entries:
+        if entry.startswith("~/"):
+            absolute.append(home / entry[2:])
+        elif entry.startswith("/"):
+            absolute.append(Path(entry))
+        elif norm := os.path.normpath(entry).strip("/"):
+            if norm != "." and not norm.startswith(".."):
+                rels.add(norm)
+    if state_dir:
+        absolute.append(Path(state_dir))
+    for path in default_hidden(home, *absolute):
+        rels |= _within(path, mirrors)
+    return tuple(sorted(rels))
+
+
+def mirrored(root: Path) -> list[Path]:
+    """``root``, and the main checkout when ``root`` is a worktree orch made
+    (``<main>/.orch/worktrees/<run>``, told by its words: no git runs in a tree a
+    sandbox wrote): a shared child in its parent's worktree hides what the worktree does."""
+    parts = root.parts
+    if len(parts) >= 4 and parts[-3] == STATE_NAME and parts[-2] == "worktrees":
+        return [root, Path(*parts[:-3])]
+    return [root]
+
+
+def absolute_hidden(root: Path, rels: Sequence[str]) -> tuple[Path, ...]:
+    """``rels`` as paths under the host workspace ``root`` (for bubblewrap to cover)."""
+    return tuple(root / rel for rel in rels)
