@@ -62,6 +62,15 @@ def _with_port(host: str, port: str) -> str:
     return host if has_port else f"{host}:{port}"
 
 
+def socket_dirs(url: str) -> list[str]:
+    """The Unix-socket directories the URL connects through (a host, in the host part or a
+    ``host=`` option, that is an absolute path): a sandbox must not reach them."""
+    _, _, hosts, _, query = _split(url)
+    named = [unquote(h) for h in hosts.split(",") if h]
+    named += [h for k, v in parse_qsl(query) if k == "host" for h in v.split(",")]
+    return [h for h in named if h.startswith("/")]
+
+
 def scrub(text: str, url: str) -> str:
     """``text`` with every password of ``url`` replaced by ``***``."""
     for secret in passwords(url):
