@@ -48,7 +48,7 @@ GREP_LINE_CHARS = 300
 MAX_REQUEST = 64 * 1024 * 1024  # bytes of a request line plus its data
 SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
 _MAX_DEPTH = 100
-PRUNE_MAX = 16 * 1024 * 1024  # an include copy is at most 10 MiB (transfer.INCLUDE_FILE_MAX)
+PRUNE_MAX = 16 * 1024 * 1024  # an include copy is at most 10 MiB (includes.INCLUDE_FILE_MAX)
 
 
 class Refused(Exception):
