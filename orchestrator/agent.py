@@ -211,7 +211,8 @@ class AgentRun:
         self.ledger.tool_use_ids.update(tool_use_ids(self.messages))
         memory = ""
         if ctx.settings.project_memory:
-            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd)
+            never = [*map(str, ctx.store.paths()), *ctx.settings.sandbox.hidden]
+            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd, never)
         system = self.system_prompt(memory)
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start

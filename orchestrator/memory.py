@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,12 +64,17 @@ def project_root_of(start: Path) -> Path:
         return start
 
 
-def _repo_file(root: Path, name: str) -> tuple[bytes, int, str] | None:
+def _repo_file(root: Path, name: str, never: Sequence[str] = ()) -> tuple[bytes, int, str] | None:
     """Up to FILE_MAX bytes of ``root/name``, its size and its real path; None if there is
-    none or it may not be read (a symlink out of the repository, a FIFO, a hard link)."""
+    none or it may not be read (a symlink out of the repository, into ``.git`` or ``.orch``
+    or a ``never`` path (real paths: a store, a hidden path), a FIFO, a hard link)."""
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, name))
     if not target.startswith(real_root + os.sep):
+        return None
+    if target[len(real_root) + 1 :].split(os.sep)[0] in (".git", ".orch"):
+        return None
+    if any(target == n or target.startswith(n + os.sep) for n in never):
         return None
     try:
         with Beneath(real_root) as fs:
@@ -94,12 +100,17 @@ def _user_file(home: Path) -> tuple[bytes, int] | None:
         os.close(fd)
 
 
-def read_memory(root: Path, home: Path | None) -> list[MemoryFile]:
-    """The memory files of project ``root`` and the user's (``home``), uncut."""
+def read_memory(root: Path, home: Path | None, never: Iterable[str] = ()) -> list[MemoryFile]:
+    """The memory files of project ``root`` and the user's (``home``), uncut; a repository
+    file that is a link into a ``never`` path (a store, a hidden path) or ``$ORCH_HOME`` is
+    left out: what a sandbox may not read never reaches a prompt either."""
     found: list[MemoryFile] = []
     seen: dict[str, bytes] = {}
+    env_home = os.environ.get("ORCH_HOME")
+    shut = [*never, *([env_home] if env_home else [])]
+    refused = [os.path.realpath(os.path.expanduser(p)) for p in shut]
     for name in REPO_FILES:
-        got = _repo_file(root, name)
+        got = _repo_file(root, name, refused)
         if got is None:
             continue
         data, size, real = got
@@ -138,7 +149,9 @@ def memory_section(files: list[MemoryFile]) -> str:
     return HEADER + "\n" + "\n".join(parts) if parts else ""
 
 
-def load_memory(start: Path) -> str:
-    """The memory section for a run whose host directory is ``start`` (blocking)."""
+def load_memory(start: Path, never: Iterable[str] = ()) -> str:
+    """The memory section for a run whose host directory is ``start`` (blocking); nothing
+    from a ``never`` path (the run's store, its hidden paths; ``~/`` expanded)."""
     home = os.environ.get("HOME")
-    return memory_section(read_memory(project_root_of(start), Path(home) if home else None))
+    root = project_root_of(start)
+    return memory_section(read_memory(root, Path(home) if home else None, never))

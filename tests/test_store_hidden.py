@@ -12,6 +12,7 @@ the store whatever orch did, and the test could not fail.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import uuid
 from pathlib import Path
@@ -120,3 +121,31 @@ def test_store_paths_name_the_store_in_use_and_every_store_the_environment_names
     ]  # fmt: skip
     assert socket_dirs("postgresql://%2Frun%2Fpg/db") == ["/run/pg"]
     assert socket_dirs("postgresql://user@localhost:5432/db") == []
+
+
+def test_a_memory_file_linked_to_the_store_or_a_hidden_path_never_reaches_a_prompt(
+    tmp_path: Path, hermetic_git: Path
+) -> None:
+    """CLAUDE.md and AGENTS.md are copied into every system prompt: a repository that
+    commits them as links to its own store, or to a ``sandbox.hidden`` file, gets neither
+    in (and the model sees the rest of the prompt as usual)."""
+    repo = init_repo(tmp_path / "repo", {"README.md": "hi\n", "notes/private.txt": ""})
+    hidden = "HIDDEN-NOTE-" + uuid.uuid4().hex
+    (repo / "notes" / "private.txt").write_text(hidden + "\n")
+    home = Path(os.environ["HOME"])
+    (home / ".orch").mkdir(exist_ok=True)
+    (home / ".orch" / "config.toml").write_text(
+        f'[sandbox]\nhidden = ["{repo / "notes" / "private.txt"}"]\n'
+    )
+    secret = store_a_private_prompt(repo, {})
+    (repo / "CLAUDE.md").symlink_to(".orch/orch.db")
+    (repo / "AGENTS.md").symlink_to("notes/private.txt")
+    api = FakeAPI(lambda body: text_reply("done"))
+    with serve(api):
+        env = {"ANTHROPIC_API_KEY": "sk-ant-test", "ANTHROPIC_BASE_URL": api.base_url}
+        got = orch("task", "--isolation", "shared", "--model", "sonnet", "hello",
+                   cwd=repo, env=env, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert api.requests  # it asked the model
+    sent = json.dumps(api.requests)
+    assert secret not in sent and "SQLite format" not in sent and hidden not in sent
