@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from orchestrator.store import SqliteStore, store_paths
-from orchestrator.store.url import socket_dirs
+from orchestrator.store.url import local_paths
 from tests.fakeapi import FakeAPI, Responder, serve, text_reply, tool_reply
 from tests.support import init_repo, need_bwrap, orch
 
@@ -110,6 +110,7 @@ def test_store_paths_name_the_store_in_use_and_every_store_the_environment_names
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home-store"))
     monkeypatch.setenv("ORCH_STORE", "postgresql://u:pw@/runs?host=/srv/pg-sock,db.example")
     monkeypatch.setenv("PGHOST", "/var/lib/pg-other")
+    monkeypatch.setenv("PGPASSFILE", "/srv/secrets/pgpass")
     try:
         found = store_paths(spawners, node_clone)
     finally:
@@ -117,10 +118,13 @@ def test_store_paths_name_the_store_in_use_and_every_store_the_environment_names
     assert found == [
         str(tmp_path / "spawner" / ".orch"), str(tmp_path / "spawner" / ".orch" / "orch.db"),
         str(node_clone / ".orch"), str(tmp_path / "home-store"), "/srv/pg-sock",
-        "/var/lib/pg-other",
+        "/var/lib/pg-other", "/srv/secrets/pgpass",
     ]  # fmt: skip
-    assert socket_dirs("postgresql://%2Frun%2Fpg/db") == ["/run/pg"]
-    assert socket_dirs("postgresql://user@localhost:5432/db") == []
+    assert local_paths("postgresql://%2Frun%2Fpg/db") == ["/run/pg"]
+    assert local_paths("postgresql://user@localhost:5432/db") == []
+    assert local_paths("postgresql://h/db?sslkey=/k/client.key&passfile=/k/pass") == [
+        "/k/client.key", "/k/pass"
+    ]  # fmt: skip
 
 
 def test_a_memory_file_linked_to_the_store_or_a_hidden_path_never_reaches_a_prompt(

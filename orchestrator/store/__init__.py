@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..paths import project_root
 from .base import ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore
-from .url import POSTGRES_SCHEMES, is_postgres, socket_dirs
+from .url import POSTGRES_SCHEMES, is_postgres, local_paths
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -68,12 +68,14 @@ def store_paths(store: RunStore, workdir: Path) -> list[str]:
     """Every path through which a run in ``workdir`` could reach a run store, absolute: the
     store in use (``store.paths()``: on a cluster node, the spawner's), the state dir of
     ``workdir``'s project (its ``.orch``), and any store the environment names
-    (``$ORCH_HOME``, the Unix sockets of ``ORCH_STORE`` or ``$PGHOST``). The OS sandbox
-    hides them all (``workspaces/host.py``), whatever runtime runs the run."""
+    (``$ORCH_HOME``; the Unix sockets and key files of ``ORCH_STORE``, ``$PGHOST``, libpq's
+    password and service files). The OS sandbox hides them all (``workspaces/host.py``),
+    whatever runtime runs the run."""
     found = [*store.paths(), project_root(workdir) / ".orch"]
     if home := os.environ.get("ORCH_HOME", "").strip():
         found.append(Path(home).expanduser())
     if url := os.environ.get("ORCH_STORE", "").strip():
-        found += [Path(d) for d in socket_dirs(url)]
+        found += [Path(d) for d in local_paths(url)]
     found += [Path(h) for h in os.environ.get("PGHOST", "").split(",") if h.startswith("/")]
+    found += [Path(os.environ[v]) for v in ("PGPASSFILE", "PGSERVICEFILE") if os.environ.get(v)]
     return list(dict.fromkeys(os.path.abspath(p) for p in found))
