@@ -116,9 +116,8 @@ def test_store_paths_name_the_store_in_use_and_every_store_the_environment_names
     finally:
         spawners.close()
     assert found == [
-        str(tmp_path / "spawner" / ".orch"), str(tmp_path / "spawner" / ".orch" / "orch.db"),
-        str(node_clone / ".orch"), str(tmp_path / "home-store"), "/srv/pg-sock",
-        "/var/lib/pg-other", "/srv/secrets/pgpass",
+        str(tmp_path / "spawner" / ".orch"), str(node_clone / ".orch"),
+        str(tmp_path / "home-store"), "/srv/pg-sock", "/var/lib/pg-other", "/srv/secrets/pgpass",
     ]  # fmt: skip
     assert local_paths("postgresql://%2Frun%2Fpg/db") == ["/run/pg"]
     assert local_paths("postgresql://user@localhost:5432/db") == []

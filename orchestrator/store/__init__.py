@@ -78,4 +78,6 @@ def store_paths(store: RunStore, workdir: Path) -> list[str]:
         found += [Path(d) for d in local_paths(url)]
     found += [Path(h) for h in os.environ.get("PGHOST", "").split(",") if h.startswith("/")]
     found += [Path(os.environ[v]) for v in ("PGPASSFILE", "PGSERVICEFILE") if os.environ.get(v)]
-    return list(dict.fromkeys(os.path.abspath(p) for p in found))
+    unique = list(dict.fromkeys(os.path.abspath(p) for p in found))
+    # a path inside another is hidden with it (a mount on it would show as an entry)
+    return [p for p in unique if not any(p.startswith(q + os.sep) for q in unique)]
