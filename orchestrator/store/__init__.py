@@ -10,10 +10,11 @@ That module, and psycopg, are imported only then.
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import OrchError, UsageError
 from ..paths import project_root
 from .base import ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore
@@ -71,7 +72,9 @@ def store_paths(store: RunStore, workdir: Path) -> list[str]:
     (``$ORCH_HOME``; the Unix sockets and key files of ``ORCH_STORE``, ``$PGHOST``, libpq's
     password and service files). The OS sandbox hides them all (``workspaces/host.py``),
     whatever runtime runs the run."""
-    found = [*store.paths(), project_root(workdir) / ".orch"]
+    found = list(store.paths())
+    with suppress(OrchError):  # a workdir that is no directory (yet) has no state dir
+        found.append(project_root(workdir) / ".orch")
     if home := os.environ.get("ORCH_HOME", "").strip():
         found.append(Path(home).expanduser())
     if url := os.environ.get("ORCH_STORE", "").strip():
