@@ -212,7 +212,8 @@ class AgentRun:
         memory = ""
         if ctx.settings.project_memory:
             hidden = ctx.settings.sandbox.hidden
-            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd, hidden)
+            stores = [str(p) for p in ctx.store.paths()]
+            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd, hidden, stores)
         system = self.system_prompt(memory)
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start

@@ -67,7 +67,9 @@ def project_root_of(start: Path) -> Path:
         return start
 
 
-def _repo_file(root: Path, name: str, hidden: Sequence[str]) -> tuple[bytes, int, str] | None:
+def _repo_file(
+    root: Path, name: str, hidden: Sequence[str], never: Sequence[str] = ()
+) -> tuple[bytes, int, str] | None:
     """Up to FILE_MAX bytes of ``root/name``, its size and its real path; None if there is
     none or it may not be read (a symlink out of the repository or to a ``hidden`` path,
     a FIFO, a hard link)."""
@@ -76,6 +78,8 @@ def _repo_file(root: Path, name: str, hidden: Sequence[str]) -> tuple[bytes, int
     if not target.startswith(real_root + os.sep):
         return None
     if hidden_reason(os.path.relpath(target, real_root), hidden) is not None:
+        return None
+    if any(target == n or target.startswith(n + os.sep) for n in never):  # a store
         return None
     try:
         with Beneath(real_root) as fs:
@@ -101,14 +105,18 @@ def _user_file(home: Path) -> tuple[bytes, int] | None:
         os.close(fd)
 
 
-def read_memory(root: Path, home: Path | None, hidden: Sequence[str] = ()) -> list[MemoryFile]:
+def read_memory(
+    root: Path, home: Path | None, hidden: Sequence[str] = (), never: Sequence[str] = ()
+) -> list[MemoryFile]:
     """The memory files of project ``root`` and the user's (``home``), uncut; none that
-    is (or links to) a path of ``sandbox.hidden`` or the state directory."""
+    is (or links to) a path of ``sandbox.hidden``, the state directory or a ``never`` path
+    (absolute: the run's store files)."""
     found: list[MemoryFile] = []
     seen: dict[str, bytes] = {}
     rels = hidden_within([root], hidden, os.environ.get("ORCH_HOME"))
+    refused = [os.path.realpath(os.path.expanduser(p)) for p in never]
     for name in REPO_FILES:
-        got = _repo_file(root, name, rels)
+        got = _repo_file(root, name, rels, refused)
         if got is None:
             continue
         data, size, real = got
@@ -147,8 +155,8 @@ def memory_section(files: list[MemoryFile]) -> str:
     return HEADER + "\n" + "\n".join(parts) if parts else ""
 
 
-def load_memory(start: Path, hidden: Sequence[str] = ()) -> str:
+def load_memory(start: Path, hidden: Sequence[str] = (), never: Sequence[str] = ()) -> str:
     """The memory section for a run whose host directory is ``start`` (blocking);
-    ``hidden``: the run's ``sandbox.hidden``."""
+    ``hidden``: the run's ``sandbox.hidden``; ``never``: its store's files."""
     home = Path(h) if (h := os.environ.get("HOME")) else None
-    return memory_section(read_memory(project_root_of(start), home, hidden))
+    return memory_section(read_memory(project_root_of(start), home, hidden, never))

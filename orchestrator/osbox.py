@@ -65,7 +65,7 @@ _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC_", 
 HOME_SECRETS = (
     ".ssh", ".aws", ".config/gcloud", ".docker", ".netrc", ".orch", ".gnupg", ".kube",
     ".azure", ".git-credentials", ".config/git/credentials", ".config/gh", ".npmrc",
-    ".pypirc", ".cargo/credentials.toml", ".claude",
+    ".pypirc", ".cargo/credentials.toml", ".claude", ".pgpass", ".pg_service.conf",
 )  # fmt: skip
 
 PRIVATE_TMP = Path("/tmp")

@@ -44,7 +44,7 @@ from .paths import project_root
 from .policy import Policy, run_hooks, scrubbed_env
 from .run import RunRecord, RunStatus, now
 from .spec import RunSpec
-from .store import RunStore
+from .store import RunStore, store_paths
 from .tools import builtin_tools
 from .tools.base import Tool, ToolContext, ToolRegistry
 from .tools.delegate import delegation_tools
@@ -309,6 +309,7 @@ class Runner:
                      "extra_env": self.settings.extra_env,
                      "commit_exclude": [*DEFAULT_COMMIT_EXCLUDE, *self.settings.commit_exclude],
                      "state_dir": str(self.state_dir(spec.workdir)),
+                     "store_paths": store_paths(self.store, spec.workdir),
                      "parent_run_id": record.parent_run_id},
         )  # fmt: skip
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")

@@ -97,6 +97,23 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A directory outside /tmp (removed after): a sandbox's private /tmp hides everything
+    under /tmp, so a test of what a sandbox can read needs its files elsewhere."""
+    import shutil
+    import tempfile
+
+    try:
+        where = Path(tempfile.mkdtemp(prefix="orch-test-", dir="/var/tmp"))
+    except OSError as e:
+        pytest.skip(f"/var/tmp is not writable: {e}")
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture
 def hermetic_git(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """git without the machine's global/system config or stray GIT_* variables."""
     config = tmp_path_factory.mktemp("gitcfg") / "gitconfig"

@@ -26,6 +26,7 @@ from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 from tests.pgserver import PASSWORD, PASSWORD_ROLE, PgServer
 from tests.raycluster import LOOPBACK_ENV
 from tests.support import init_repo, orch, wait_for, write_script
+from tests.test_store_hidden import check_peek, spy, store_a_private_prompt
 
 pytestmark = pytest.mark.ray
 HERE = Path(__file__).parent
@@ -542,3 +543,27 @@ def test_runs_on_the_cluster_are_recorded_in_postgres_and_seen_from_anywhere(
         assert PASSWORD not in pg_server.dump(name)
     finally:
         pg_server.drop_database(name)
+
+
+def test_a_worktree_child_on_a_node_cannot_read_the_spawners_store(
+    cluster: RayCluster, outside_tmp: Path
+) -> None:
+    """Issue 20, class 6: the node's sandbox hides the store the run writes to (the
+    spawner's SQLite file, not only the node's clone's .orch); another run's prompt in it
+    never reaches the child's model."""
+    repo = init_repo(outside_tmp / "repo", {"README.md": "hi\n"})
+    secret = store_a_private_prompt(repo, cluster.env)
+    db = repo / ".orch" / "orch.db"
+    api = FakeAPI(spy(db, delegate=True))
+    with serve(api):
+        env = {
+            **cluster.env,
+            "ANTHROPIC_API_KEY": "sk-ant-test",
+            "ANTHROPIC_BASE_URL": api.base_url,
+        }
+        got = orch("task", "--executor", "ray", "--model", "sonnet", "go", cwd=repo, env=env,
+                   timeout=180)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    child = next(r for r in runs(repo, cluster.env) if r["depth"] == 1)
+    assert child["status"] == "succeeded" and "/ray-" in child["node"]  # it ran on a node
+    check_peek(api, db, secret)

@@ -397,6 +397,7 @@ def test_package_exports() -> None:
         "StoreError",
         "open_store",
         "state_dir",
+        "store_paths",
         "store_url",
     ]
     for name in orchestrator.store.__all__:

@@ -10,13 +10,15 @@ That module, and psycopg, are imported only then.
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import OrchError, UsageError
+from ..paths import project_root
 from .base import ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore
-from .url import POSTGRES_SCHEMES, is_postgres
+from .url import POSTGRES_SCHEMES, is_postgres, local_paths
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -28,6 +30,7 @@ __all__ = [
     "StoreError",
     "open_store",
     "state_dir",
+    "store_paths",
     "store_url",
 ]
 
@@ -60,3 +63,24 @@ def _postgres(url: str) -> PostgresStore:
     from .postgres import PostgresStore
 
     return PostgresStore(url)
+
+
+def store_paths(store: RunStore, workdir: Path) -> list[str]:
+    """Every path through which a run in ``workdir`` could reach a run store, absolute: the
+    store in use (``store.paths()``: on a cluster node, the spawner's), the state dir of
+    ``workdir``'s project (its ``.orch``), and any store the environment names
+    (``$ORCH_HOME``; the Unix sockets and key files of ``ORCH_STORE``, ``$PGHOST``, libpq's
+    password and service files). The OS sandbox hides them all (``workspaces/host.py``),
+    whatever runtime runs the run."""
+    found = list(store.paths())
+    with suppress(OrchError):  # a workdir that is no directory (yet) has no state dir
+        found.append(project_root(workdir) / ".orch")
+    if home := os.environ.get("ORCH_HOME", "").strip():
+        found.append(Path(home).expanduser())
+    if url := os.environ.get("ORCH_STORE", "").strip():
+        found += [Path(d) for d in local_paths(url)]
+    found += [Path(h) for h in os.environ.get("PGHOST", "").split(",") if h.startswith("/")]
+    found += [Path(os.environ[v]) for v in ("PGPASSFILE", "PGSERVICEFILE") if os.environ.get(v)]
+    unique = list(dict.fromkeys(os.path.abspath(p) for p in found))
+    # a path inside another is hidden with it (a mount on it would show as an entry)
+    return [p for p in unique if not any(p.startswith(q + os.sep) for q in unique)]

@@ -123,6 +123,11 @@ class RunStore(ResourceSink, Protocol):
         """Close this thread's connection; the next call opens a new one."""
         ...
 
+    def paths(self) -> tuple[Path, ...]:
+        """Every filesystem path through which this store can be read or written (a SQLite
+        file and its directory, a server's Unix-socket directory): hidden from sandboxes."""
+        ...
+
     # -- runs -----------------------------------------------------------------
     def create_run(self, record: RunRecord) -> None:
         """Insert a new run (its run_id not yet in the store), one transaction."""

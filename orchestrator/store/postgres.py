@@ -33,6 +33,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, UsageError
@@ -40,7 +41,7 @@ from ..run import Activity, RunRecord, RunStatus, now
 from .base import ChainUsage, StoreError, bound_transcript
 from .pgschema import SCHEMA, SCHEMA_LOCK, SCHEMA_VERSION
 from .sqlite import LIKE_ESCAPE, RECENT_ACTIVITIES, _like_prefix
-from .url import endpoint, redact, scrub
+from .url import endpoint, local_paths, redact, scrub
 
 if TYPE_CHECKING:
     import psycopg
@@ -89,6 +90,11 @@ class PostgresStore:
 
     def describe(self) -> str:
         return self._where
+
+    def paths(self) -> tuple[Path, ...]:
+        """The server's Unix-socket directories and the client's password and key files the
+        URL names (none over TCP with a password in the URL)."""
+        return tuple(Path(d) for d in local_paths(self._url))
 
     # -- connection ---------------------------------------------------------------
     def _conn(self) -> psycopg.Connection[Any]:

@@ -149,6 +149,10 @@ class SqliteStore:
     def describe(self) -> str:
         return str(self.path)
 
+    def paths(self) -> tuple[Path, ...]:
+        """The database's directory (its ``-wal``, ``-shm``, ``-journal`` files too) and file."""
+        return (self.path.parent, self.path)
+
     # -- connection ---------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)

@@ -62,6 +62,18 @@ def _with_port(host: str, port: str) -> str:
     return host if has_port else f"{host}:{port}"
 
 
+def local_paths(url: str) -> list[str]:
+    """The local files a URL reaches its server through or with: Unix-socket directories (a
+    host, in the host part or a ``host=`` option, that is an absolute path) and the
+    ``passfile``, ``sslkey`` and ``sslcert`` it names. A sandbox must not reach them."""
+    _, _, hosts, _, query = _split(url)
+    options = parse_qsl(query)
+    named = [unquote(h) for h in hosts.split(",") if h]
+    named += [h for k, v in options if k == "host" for h in v.split(",")]
+    files = [v for k, v in options if k in ("passfile", "sslkey", "sslcert") and v]
+    return [h for h in named if h.startswith("/")] + files
+
+
 def scrub(text: str, url: str) -> str:
     """``text`` with every password of ``url`` replaced by ``***``."""
     for secret in passwords(url):

@@ -50,6 +50,7 @@ from .boxout import checkpoint_resource, export_work, land
 from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
 from .hiding import hidden_reason, hidden_rels, mirrored
+from .includes import excluded_paths, include_files
 from .pool import (
     MANAGED,
     WORKSPACE,
@@ -71,7 +72,6 @@ from .transfer import (
     Staging,
     base_bundle,
     bundle_ref,
-    include_files,
     untracked,
     write_archive,
 )
@@ -307,7 +307,9 @@ class ContainerWorkspace:
             bundle = await base_bundle(self.main, self.start)
             include = self.spec.options.get("include") or []
             patterns = [include] if isinstance(include, str) else list(include)
-            files = await asyncio.to_thread(include_files, self.main.main_root, patterns)
+            never = excluded_paths(self.spec.options)
+            tree = self.main.main_root
+            files = await asyncio.to_thread(include_files, tree, patterns, never)
             keep = await untracked(self.main, sorted(files)) if files else []
             hidden = hidden_rels(self.spec, mirrored(self.root))  # a hidden file never goes in
             chosen = {rel: files[rel] for rel in keep if hidden_reason(rel, hidden) is None}

@@ -108,6 +108,7 @@ async def run_confined(
     if state := spec.options.get("state_dir"):
         hidden.append(Path(state))
     hidden += hidden_within
+    hidden += [Path(p) for p in spec.options.get("store_paths", ())]  # every store it reaches
     # ~/.orch (the warm process's socket, user config) is hidden; a path that does not
     # exist cannot be, and would show once made during the command: make it now
     with contextlib.suppress(OSError):

@@ -3,10 +3,10 @@
 In: the host bundles the run's starting commit from the user's repository (found from
 the run record's working directory, never from a tree a sandbox writes) with the hardened
 git of :mod:`orchestrator.git`, and tars it, with the included files read from the
-*user's* tree through :mod:`orchestrator.safefs`, into a host-owned temp file streamed
-to the container on the stdin of one ``docker exec`` (the engine's ``put_archive`` cannot
-write a tmpfs under a read-only root), where ``tar`` unpacks it and git clones it into
-``/workspace``.
+*user's* tree by :mod:`.includes` (through :mod:`orchestrator.safefs`), into a host-owned
+temp file streamed to the container on the stdin of one ``docker exec`` (the engine's
+``put_archive`` cannot write a tmpfs under a read-only root), where ``tar`` unpacks it
+and git clones it into ``/workspace``.
 
 Out: the container's work arrives as a bundle stream (``git bundle create -``) written
 to a host-owned temp file, capped at ``sandbox.bundle_max_bytes``; the host checks it
@@ -27,17 +27,12 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OrchError
 from ..git import RepoPaths, first_line, git
-from ..safefs import Beneath, TooManyEntries, UnsafePath
 
-INCLUDE_FILE = ".worktreeinclude"
-INCLUDE_FILE_MAX = 10 * 1024 * 1024  # one included file; larger ones are skipped
-INCLUDE_TOTAL_MAX = 64 * 1024 * 1024
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 
 # -- the scripts git runs inside the container (as the sandbox user) ------------------------
@@ -115,40 +110,6 @@ class Staging:
 
 
 # -- in ---------------------------------------------------------------------------------
-
-
-def include_files(user_tree: Path, patterns: Iterable[str]) -> dict[str, bytes]:
-    """Files of the user's tree named by ``.worktreeinclude`` (and ``patterns``): read with
-    safefs beneath the tree (no symlink followed, no hard link, capped). Blocking."""
-    found: dict[str, bytes] = {}
-    total = 0
-    with Beneath(user_tree) as fs:
-        try:
-            text, _ = fs.read(INCLUDE_FILE, 64 * 1024)
-            listed = text.decode("utf-8", "replace").splitlines()
-        except (OSError, UnsafePath):
-            listed = []
-        for raw in [*patterns, *listed]:
-            pattern = raw.strip().lstrip("/").rstrip("/")
-            if not pattern or pattern.startswith("#"):
-                continue
-            for pat in (pattern, f"{pattern}/**"):
-                try:
-                    rels, _ = fs.glob(pat, limit=10_000, skip_dirs={".git", ".orch"})
-                except (ValueError, UnsafePath, TooManyEntries):
-                    continue
-                for rel in rels:
-                    if rel in found or rel.split("/")[0] in (".git", ".orch"):
-                        continue
-                    try:
-                        data, size = fs.read(rel, INCLUDE_FILE_MAX)
-                    except (OSError, UnsafePath):
-                        continue
-                    if size > INCLUDE_FILE_MAX or total + size > INCLUDE_TOTAL_MAX:
-                        continue
-                    found[rel] = data
-                    total += size
-    return found
 
 
 async def untracked(repo: RepoPaths, rels: list[str]) -> list[str]:

@@ -35,8 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import shutil
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from stat import S_ISREG
@@ -46,9 +45,11 @@ from typing import Any, ClassVar, Literal, Self, TypeVar
 from ..errors import OrchError, UsageError
 from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
 from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
+from ..safefs import Beneath, UnsafePath
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .hiding import absolute_hidden, hidden_reason, hidden_rels
 from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
+from .includes import excluded_paths, include_files, write_includes
 from .settle import (
     commit_exclude,
     commit_message,
@@ -57,13 +58,11 @@ from .settle import (
     salvage_worktree,
     settle,
 )
+from .transfer import untracked
 
 T = TypeVar("T")
 
 __all__ = ["WorktreeConfig", "WorktreeWorkspace", "branch_name", "salvage_worktree"]
-
-INCLUDE_FILE = ".worktreeinclude"
-
 
 # -- pure helpers -----------------------------------------------------------------------
 
@@ -99,77 +98,18 @@ async def await_shielded(aw: Awaitable[T]) -> T:
 # -- filesystem helpers (blocking: run them in a thread) ---------------------------------
 
 
-def _prepare(main_root: Path, base_top: Path) -> list[str]:
-    """Make ``.orch`` and return the ``.worktreeinclude`` patterns of the base, if any."""
-    ensure_orch_dir(main_root)
-    try:
-        text = (base_top / INCLUDE_FILE).read_text(errors="replace")
-    except OSError:
-        return []
-    return [line.strip() for line in text.splitlines()]
-
-
-def _include_candidates(top: Path, patterns: Iterable[str]) -> list[str]:
-    """Relative paths of existing files under ``top`` matched by the glob patterns."""
-    top_real = top.resolve()
-    found: dict[str, None] = {}
-    for raw in patterns:
-        pattern = raw.strip().lstrip("/").rstrip("/")
-        if not pattern or pattern.startswith("#"):
-            continue
-        try:
-            matches = list(top.glob(pattern))
-        except (ValueError, NotImplementedError):
-            continue
-        for match in matches:
-            files = [p for p in match.rglob("*") if p.is_file()] if match.is_dir() else [match]
-            for path in files:
-                try:
-                    rel = path.relative_to(top)
-                    path.resolve().relative_to(top_real)  # skip anything resolving outside
-                except (ValueError, OSError):
-                    continue
-                if not rel.parts or rel.parts[0] in (".git", ".orch") or ".." in rel.parts:
-                    continue
-                if not path.is_file():
-                    continue
-                found[rel.as_posix()] = None
-    return list(found)
-
-
-def _copy_includes(top: Path, dest_root: Path, rels: list[str]) -> dict[str, tuple[int, int]]:
-    """Copy files into the new worktree; returns (size, mtime_ns) of each copy made."""
-    copied: dict[str, tuple[int, int]] = {}
-    dest_real = dest_root.resolve()
-    for rel in rels:
-        dest = dest_root / rel
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.parent.resolve().relative_to(dest_real)
-            if dest.exists() or dest.is_symlink():
-                continue
-            shutil.copy2(top / rel, dest)
-            st = dest.stat()
-        except (OSError, ValueError):
-            continue
-        copied[rel] = (st.st_size, st.st_mtime_ns)
-    return copied
-
-
 def _drop_unchanged_copies(root: Path, copied: Mapping[str, tuple[int, int]]) -> None:
     """Included copies the run did not touch go away so they are not committed back.
 
-    Only regular files still inside ``root``: a run that swapped a directory for a
-    symlink never gets orch to delete a file elsewhere.
+    Only regular files still beneath ``root``, through safefs: a run that swapped a
+    directory for a symlink never gets orch to delete a file elsewhere.
     """
-    top = root.resolve()
-    for rel, (size, mtime) in copied.items():
-        path = root / rel
-        with contextlib.suppress(OSError, ValueError):
-            path.parent.resolve(strict=True).relative_to(top)
-            st = path.lstat()
-            if S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (size, mtime):
-                path.unlink()
+    with Beneath(root) as fs:
+        for rel, (size, mtime) in copied.items():
+            with contextlib.suppress(OSError, UnsafePath):
+                st = fs.stat(rel)
+                if S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (size, mtime):
+                    fs.remove(rel)
 
 
 # -- the workspace ----------------------------------------------------------------------
@@ -257,9 +197,9 @@ class WorktreeWorkspace:
         if self.continued is not None:
             self.base_commit = await self._continued_base(main)
         self.main_root, self._main = main.main_root, main
-        patterns = await asyncio.to_thread(_prepare, main.main_root, base_top)
+        await asyncio.to_thread(ensure_orch_dir, main.main_root)
         include = spec.options.get("include") or []
-        patterns = [*([include] if isinstance(include, str) else include), *patterns]
+        patterns = [include] if isinstance(include, str) else list(include)
         path = orch_dir(main.main_root) / "worktrees" / spec.run_id
         # a worktree is a checkout of the base: what is hidden there is hidden here too
         self.hidden = hidden_rels(spec, [path, base_top, main.main_root])
@@ -272,8 +212,7 @@ class WorktreeWorkspace:
         self._tree = await asyncio.to_thread(worktree_paths, main, path)
         if self._tree is None:
             raise OrchError(f"git worktree add left no admin dir for {path}; run again")
-        if patterns:
-            await self._copy_includes(located, base_top, patterns)
+        await self._copy_includes(located, base_top, patterns)
 
     async def _continued_base(self, main: RepoPaths) -> str:
         """Check ``options["branch"]`` and return the commit its work is measured from."""
@@ -324,17 +263,14 @@ class WorktreeWorkspace:
             delay = min(delay * 2, 1.0)
 
     async def _copy_includes(self, base: RepoPaths, base_top: Path, patterns: list[str]) -> None:
-        rels = await asyncio.to_thread(_include_candidates, base_top, patterns)
-        if not rels:
-            return
-        tracked: set[str] = set()
-        for i in range(0, len(rels), 200):
-            chunk = [f":(literal){r}" for r in rels[i : i + 200]]
-            listed = await git("ls-files", "-z", "--", *chunk, repo=base, check=False)
-            tracked.update(p for p in listed.out.split("\0") if p)
-        # untracked only; a hidden file is never copied in (``hiding``)
-        wanted = [r for r in rels if r not in tracked and hidden_reason(r, self.hidden) is None]
-        self._copied = await asyncio.to_thread(_copy_includes, base_top, self.root, wanted)
+        """The untracked files ``.worktreeinclude`` and ``patterns`` name, copied from the
+        base's tree through safefs (:mod:`.includes`): no link followed, no store, nothing
+        hidden."""
+        never = excluded_paths(self.spec.options)
+        files = await asyncio.to_thread(include_files, base_top, patterns, never)
+        wanted = await untracked(base, sorted(files)) if files else []
+        chosen = {rel: files[rel] for rel in wanted if hidden_reason(rel, self.hidden) is None}
+        self._copied = await asyncio.to_thread(write_includes, self.root, chosen)
 
     async def _discard(self) -> None:
         """Undo a creation that failed or was cancelled half way (there is no work yet)."""
