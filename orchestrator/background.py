@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
+from .statedir import open_log
 from .store import RunStore, state_dir
 from .workspaces.base import kill_group_ref, process_start
 
@@ -200,9 +201,7 @@ def spawn_worker(project_root: Path, run_id: str) -> int:
 
 def own_worker(project_root: Path, run_id: str, why: str = "") -> int:
     """Start a detached worker (new session: survives the terminal) for one queued run."""
-    logs = state_dir(project_root) / "logs"
-    logs.mkdir(exist_ok=True)
-    log = (logs / f"{run_id}.log").open("ab")
+    log = os.fdopen(open_log(state_dir(project_root), f"{run_id}.log"), "ab")
     try:
         if why:
             log.write(f"orch: {why}; this run gets a worker of its own\n".encode())

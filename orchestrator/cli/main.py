@@ -75,6 +75,9 @@ def _register_subapps() -> None:
     from .trust import register as register_trust
 
     register_trust(app)
+    from .state import register as register_state
+
+    register_state(app)
 
 
 def root_spec(
