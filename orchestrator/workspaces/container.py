@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +52,8 @@ from .boxruntime import ContainerRuntime
 from .dockerexec import Sandbox
 from .pool import (
     MANAGED,
+    OWNER_UID,
+    TOKEN,
     WORKSPACE,
     claim_warm,
     create_container,
@@ -59,6 +62,7 @@ from .pool import (
     owner_labels,
     process_start,
     remove_by_id,
+    resource_ref,
     sandbox_settings,
     sandbox_user,
     start_container,
@@ -120,6 +124,8 @@ def reap_by_label(run_ids: set[str] | None = None) -> list[str]:
     try:
         for c in list_containers(client):
             labels = c["labels"]
+            if labels.get(OWNER_UID, str(os.getuid())) != str(os.getuid()):
+                continue  # another user's (an older orch set no uid: its TTL ends it)
             if c["owner_alive"] or (
                 run_ids is not None and labels.get("orch.run_id") not in run_ids
             ):
@@ -151,6 +157,7 @@ class ContainerWorkspace:
         self.base_commit = ""  # the commit the artifact is measured from
         self.main: Any = None  # RepoPaths of the user's repository
         self.container_id = ""
+        self._ref = ""  # the registered resource: id and token (pool.resource_ref)
         self.pooled = False
         self.uid = self.gid = 0
         self.box: Sandbox | None = None
@@ -235,12 +242,14 @@ class ContainerWorkspace:
             warm = claim_warm(self.cfg)
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
+                self._ref = resource_ref(warm.container_id, {TOKEN: warm.token})
                 self._register()
             else:
                 labels = owner_labels(spec.run_id, spec.chain_id, spec.agent)
                 self.container_id = await asyncio.to_thread(
                     create_container, self._client, self.cfg, self.uid, self.gid, labels
                 )
+                self._ref = resource_ref(self.container_id, labels)
                 self._register()
                 await asyncio.to_thread(start_container, self._client, self.container_id)
             self.box = Sandbox(self._client, self.container_id, self.cfg, f"{self.uid}:{self.gid}")
@@ -341,7 +350,7 @@ class ContainerWorkspace:
             raise OrchError(f"could not set up the sandbox's tree: {(detail or ['?'])[-1][:200]}")
 
     def _register(self) -> None:
-        self.spec.sink.register_resource(self.spec.run_id, "container", self.container_id)
+        self.spec.sink.register_resource(self.spec.run_id, "container", self._ref)
         self._registered = True
 
     # -- work out -----------------------------------------------------------------------
@@ -432,9 +441,7 @@ class ContainerWorkspace:
                     failure = failure or e
                 else:
                     if self._registered:
-                        self.spec.sink.release_resource(
-                            self.spec.run_id, "container", self.container_id
-                        )
+                        self.spec.sink.release_resource(self.spec.run_id, "container", self._ref)
         finally:
             if removal and not removal[0].done():  # a non-OrchError above: still wait for it
                 with contextlib.suppress(Exception):
