@@ -143,7 +143,7 @@ def reap(store: RunStore, run_id: str) -> list[str]:
         elif kind == "worktree":
             from .workspaces.worktree import salvage_worktree
 
-            art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted"))
+            art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted", proven=True))
             if art:
                 done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
         elif kind in ("container", "checkpoint"):  # work salvaged, then the container removed

@@ -222,8 +222,8 @@ def _verify(path: Path, *, adopting: bool = False) -> None:
         elif stat.S_IMODE(st.st_mode) != STATE_DIR_MODE:
             os.fchmod(dfd, STATE_DIR_MODE)
         for name in present:
-            st = entry_stat(dfd, path, name)
-            if name == "logs" and st is not None and stat.S_ISDIR(st.st_mode):
+            found = entry_stat(dfd, path, name)
+            if name == "logs" and found is not None and stat.S_ISDIR(found.st_mode):
                 with _opened(path / name) as logs:  # a log is appended to: no link there
                     for log in os.listdir(logs):
                         entry_stat(logs, path / name, log)
