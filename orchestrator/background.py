@@ -24,11 +24,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
-from .statedir import open_log
+from .statedir import open_log, verified
 from .store import RunStore, state_dir
 from .workspaces.base import kill_group_ref, process_start
 
 HEARTBEAT_S = 1.0
+SIGNED = ("pgroup", "container")  # refs signed at registration (statedir.sign)
 REMOTE_STALE_S = 30.0  # a remote owner whose heartbeat is older is taken for gone
 HAVE_PROC = Path("/proc/self/stat").exists()
 _NODE: list[str] = []  # this process's node name, once known
@@ -136,8 +137,12 @@ def reap(store: RunStore, run_id: str) -> list[str]:
     """Reap what a run whose owner is gone left behind; returns what was done."""
     done: list[str] = []
     for res in store.resources(run_id):
-        kind, ref = res["kind"], res["ref"]
-        if kind == "pgroup":
+        kind, signed = res["kind"], res["ref"]
+        ref = verified(run_id, kind, signed) if kind in SIGNED else signed
+        if ref is None:  # a row this user's orch did not write: nothing of it is touched
+            done.append(f"left {kind} {signed.split(' ')[0][:24]} alone: not registered by "
+                        "this user's orch")  # fmt: skip
+        elif kind == "pgroup":
             if kill_group_ref(ref):
                 done.append(f"killed process group {ref.partition(':')[0]}")
         elif kind == "worktree":
@@ -150,7 +155,7 @@ def reap(store: RunStore, run_id: str) -> list[str]:
             from .workspaces.boxout import reap_resource
 
             done.extend(reap_resource(store.get_run(run_id), kind, ref))
-        store.release_resource(run_id, kind, ref)
+        store.release_resource(run_id, kind, signed)
     return done
 
 

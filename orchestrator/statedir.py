@@ -27,6 +27,7 @@ file refuses the path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import os
@@ -70,7 +71,12 @@ def _opened(path: Path) -> Iterator[int]:
 
 def _key() -> bytes:
     """The user's state key (``~/.orch/state.key``), made on first use."""
-    home = Path(os.environ.get("HOME") or Path.home()) / ".orch"
+    return _key_of(os.environ.get("HOME") or str(Path.home()))
+
+
+@functools.lru_cache(maxsize=8)
+def _key_of(user_home: str) -> bytes:
+    home = Path(user_home) / ".orch"
     home.mkdir(mode=STATE_DIR_MODE, exist_ok=True)
     with _opened(home) as dfd:
         st = os.fstat(dfd)
@@ -101,6 +107,25 @@ def _key() -> bytes:
 def _mark_for(st: os.stat_result) -> str:
     digest = hmac.new(_key(), f"{os.getuid()}:{st.st_dev}:{st.st_ino}".encode(), hashlib.sha256)
     return MARK_PREFIX + digest.hexdigest()
+
+
+def _resource_mac(run_id: str, kind: str, ref: str) -> str:
+    text = f"resource\0{os.getuid()}\0{run_id}\0{kind}\0{ref}"
+    return hmac.new(_key(), text.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def sign(run_id: str, kind: str, ref: str) -> str:
+    """A resource's ref as registered: bound to its run and signed with the user's key, so
+    a row another user (a shared Postgres store) or a planted store wrote proves nothing."""
+    return f"{ref} #{_resource_mac(run_id, kind, ref)}"
+
+
+def verified(run_id: str, kind: str, signed: str) -> str | None:
+    """The ref :func:`sign` signed for this run and kind, or None."""
+    ref, sep, mac = signed.rpartition(" #")
+    if not sep or not hmac.compare_digest(mac, _resource_mac(run_id, kind, ref)):
+        return None
+    return ref
 
 
 def _check_file(st: os.stat_result, path: Path) -> None:

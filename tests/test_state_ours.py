@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.run import RunRecord, RunStatus, now
+from orchestrator.statedir import sign
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.base import process_start
 from tests.support import git, init_repo, orch, wait_for, write_script
@@ -178,30 +179,36 @@ def test_reconcile_kills_and_removes_only_what_it_can_prove(
 ) -> None:
     repo = init_repo(tmp_path / "proj", {"a.txt": "a\n"})
     assert orch("ps", cwd=repo).returncode == 0
-    zero, wrong, ours = _sleeper(), _sleeper(), _sleeper()
-    sleepers.extend([zero, wrong, ours])
-    starts = {p: process_start(p) for p in (zero, wrong, ours)}
+    zero, wrong, unsigned, ours = _sleeper(), _sleeper(), _sleeper(), _sleeper()
+    sleepers.extend([zero, wrong, unsigned, ours])
+    starts = {p: process_start(p) for p in (zero, wrong, unsigned, ours)}
     uid = str(os.getuid())
+    token = {"orch.owner_uid": uid, "orch.token": "a" * 32}
     bare = _victim_container(containers)  # orch's label, no token
-    tokened = _victim_container(containers, **{"orch.owner_uid": uid, "orch.token": "a" * 32})
-    other_uid = _victim_container(containers, **{"orch.owner_uid": "65534", "orch.token": "b" * 32})
+    tokened = _victim_container(containers, **token)
+    other_uid = _victim_container(containers, **{**token, "orch.owner_uid": "65534"})
+    rid = "r-planted"
     _plant_run(repo / ".orch" / "orch.db", [
-        ("pgroup", f"{zero}:0"),  # start time 0: no proof
-        ("pgroup", f"{wrong}:{(starts[wrong] or 0) + 1}"),  # not its start time
-        ("pgroup", f"{ours}:{starts[ours]}"),  # proven: killed
-        ("container", bare), ("container", f"{bare} {'a' * 32}"),
-        ("container", f"{tokened} {'c' * 32}"),  # a guessed token
-        ("container", f"{other_uid} {'b' * 32}"),  # another uid's
+        ("pgroup", sign(rid, "pgroup", f"{zero}:0")),  # start time 0: no proof
+        ("pgroup", sign(rid, "pgroup", f"{wrong}:{(starts[wrong] or 0) + 1}")),  # not its start
+        ("pgroup", f"{unsigned}:{starts[unsigned]}"),  # exact, but not signed by our key
+        ("pgroup", sign(rid, "pgroup", f"{ours}:{starts[ours]}")),  # proven: killed
+        ("container", sign(rid, "container", bare)),
+        ("container", sign(rid, "container", f"{bare} {'a' * 32}")),  # no such label
+        ("container", sign(rid, "container", f"{tokened} {'c' * 32}")),  # a guessed token
+        ("container", f"{tokened} {'a' * 32}"),  # the token, but not signed by our key
+        ("container", sign(rid, "container", f"{other_uid} {'a' * 32}")),  # another uid's
     ])  # fmt: skip
 
     done = orch("ps", "--all", "--json", cwd=repo)
     assert done.returncode == 0, done.stderr
-    assert _alive(zero, starts[zero]) and _alive(wrong, starts[wrong])
+    assert all(_alive(p, starts[p]) for p in (zero, wrong, unsigned))
     wait_for(lambda: not _alive(ours, starts[ours]), 10, "the proven group to be killed")
     assert all(_running(c) for c in (bare, tokened, other_uid))
     record = SqliteStore(repo / ".orch" / "orch.db").require_run("r-planted")
     assert record.status == RunStatus.INTERRUPTED, record
-    assert (record.error or "").count("left container") == 4, record.error
+    assert (record.error or "").count("left container") == 5, record.error
+    assert "left pgroup" in (record.error or ""), record.error
 
 
 # -- class 2: no link in the state directory is followed -------------------------------

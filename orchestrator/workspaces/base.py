@@ -25,6 +25,8 @@ from typing import Any, ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from ..statedir import sign
+
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
 OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive
 
@@ -265,7 +267,7 @@ async def run_process(
         start_new_session=True,
     )
     pgid = proc.pid  # start_new_session: the child leads its own group
-    ref = group_ref(pgid)
+    ref = sign(run_id, "pgroup", group_ref(pgid))  # reconcile kills only what it signed
     sink.register_resource(run_id, "pgroup", ref)
     chunks: list[bytes] = []
     kept = 0

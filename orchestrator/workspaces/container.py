@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Literal, Self
 from ..errors import OrchError, UsageError
 from ..git import git
 from ..repo import diff_stats, locate, rev
+from ..statedir import sign
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .boxout import checkpoint_resource, export_work, land
 from .boxruntime import ContainerRuntime
@@ -242,14 +243,15 @@ class ContainerWorkspace:
             warm = claim_warm(self.cfg)
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
-                self._ref = resource_ref(warm.container_id, {TOKEN: warm.token})
+                self._ref = sign(spec.run_id, "container",
+                                 resource_ref(warm.container_id, {TOKEN: warm.token}))  # fmt: skip
                 self._register()
             else:
                 labels = owner_labels(spec.run_id, spec.chain_id, spec.agent)
                 self.container_id = await asyncio.to_thread(
                     create_container, self._client, self.cfg, self.uid, self.gid, labels
                 )
-                self._ref = resource_ref(self.container_id, labels)
+                self._ref = sign(spec.run_id, "container", resource_ref(self.container_id, labels))
                 self._register()
                 await asyncio.to_thread(start_container, self._client, self.container_id)
             self.box = Sandbox(self._client, self.container_id, self.cfg, f"{self.uid}:{self.gid}")
