@@ -243,8 +243,8 @@ class ContainerWorkspace:
             warm = claim_warm(self.cfg)
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
-                self._ref = sign(spec.run_id, "container",
-                                 resource_ref(warm.container_id, {TOKEN: warm.token}))  # fmt: skip
+                ref = resource_ref(warm.container_id, {TOKEN: warm.token})
+                self._ref = sign(spec.run_id, "container", ref)
                 self._register()
             else:
                 labels = owner_labels(spec.run_id, spec.chain_id, spec.agent)
