@@ -152,15 +152,36 @@ def _read_mark(dfd: int) -> str:
 
 
 def _write_mark(dfd: int, st: os.stat_result) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(MARK, dir_fd=dfd)  # (a link is unlinked, never followed)
-    fd = os.open(MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE,
+    """The mark, written to a temp file renamed over ``owner`` (a link there is replaced,
+    never followed; processes marking at once write the same)."""
+    tmp = f".{MARK}.{secrets.token_hex(6)}.orch-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE,
                  dir_fd=dfd)  # fmt: skip
     try:
         os.fchmod(fd, FILE_MODE)
         os.write(fd, (_mark_for(st) + "\n").encode())
     finally:
         os.close(fd)
+    os.rename(tmp, MARK, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def _make(path: Path) -> None:
+    """A new state directory, marked before it appears: made under a temp name beside it,
+    then renamed into place (another process that made it first wins)."""
+    path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.orch-tmp")
+    os.mkdir(tmp, STATE_DIR_MODE)
+    try:
+        with _opened(tmp) as dfd:
+            os.fchmod(dfd, STATE_DIR_MODE)
+            _write_mark(dfd, os.fstat(dfd))
+        os.rename(tmp, path)  # a directory there (not empty: marked, or with state) stays
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp / MARK)
+            os.rmdir(tmp)
+        if not os.path.lexists(path):
+            raise
 
 
 def _tracked(path: Path) -> list[str]:
@@ -206,9 +227,7 @@ def _verify(path: Path, *, adopting: bool = False) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, STATE_DIR_MODE)
+        _make(path)
         st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         raise Refused(f"{path} is a symlink — orch never follows one for its state; "

@@ -319,8 +319,7 @@ def test_plain_orch_never_imports_the_postgres_store(tmp_path: Path) -> None:
 def test_a_broken_database_is_one_line_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = tmp_path / ".orch"
-    home.mkdir()
+    home = state_dir(tmp_path)  # orch's own state directory, its database broken
     (home / "orch.db").write_bytes(b"this is not a database" * 100)
     with pytest.raises(typer.Exit):
         handles_errors(open_project)(tmp_path)
