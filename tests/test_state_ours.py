@@ -66,7 +66,12 @@ def containers() -> Iterator[list[str]]:
 
 def _victim_container(made: list[str], **labels: str) -> str:
     """A running container labelled as orch's (a user's work, or a pool's)."""
-    flags = [f"--label={k}={v}" for k, v in {"orch.managed": "true", **labels}.items()]
+    alive = {
+        "orch.owner_pid": str(os.getpid()),
+        "orch.owner_start": str(process_start(os.getpid())),
+    }
+    # (a live owner: `orch sandbox prune` elsewhere on a shared engine leaves it alone)
+    flags = [f"--label={k}={v}" for k, v in {"orch.managed": "true", **alive, **labels}.items()]
     cid = _docker("run", "-d", *flags, IMAGE, "sleep", "300")
     made.append(cid)
     return cid
