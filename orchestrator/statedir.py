@@ -187,9 +187,10 @@ def _make(path: Path) -> None:
 def _tracked(path: Path) -> list[str]:
     """State paths under ``path`` that git tracks (in the index of the checkout holding
     it): a checkout brought them, or will overwrite them."""
+    from .errors import OrchError
     from .git import RepoPaths, git_sync
 
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, OrchError):  # no git at all: nothing is tracked
         found = git_sync("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
                          repo=None, cwd=path.parent, check=False, timeout_s=30)  # fmt: skip
         lines = found.out.splitlines()
