@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.run import RunRecord, RunStatus, now
 from orchestrator.statedir import sign
-from orchestrator.store import SqliteStore
+from orchestrator.store import RunStore, SqliteStore
 from orchestrator.workspaces.base import process_start
 from tests.support import git, init_repo, orch, wait_for, write_script
 
@@ -83,9 +83,9 @@ def _running(cid: str) -> bool:
     return got.stdout.strip() == "true"
 
 
-def _plant_run(db: Path, refs: list[tuple[str, str]], run_id: str = "r-planted") -> None:
+def _plant_run(db: Path | RunStore, refs: list[tuple[str, str]], run_id: str = "r-planted") -> None:
     """A "running" run whose owner is gone, owning ``refs`` (kind, ref)."""
-    store = SqliteStore(db)
+    store = SqliteStore(db) if isinstance(db, Path) else db
     store.create_run(RunRecord(run_id=run_id, chain_id="c-" + run_id, status=RunStatus.RUNNING,
                                pid=DEAD_PID, pid_start=1, node=socket.gethostname(),
                                created_at=now(), started_at=now()))  # fmt: skip
@@ -178,12 +178,30 @@ def test_a_copied_or_foreign_store_is_refused(
     assert orch("ps", cwd=plain).returncode == 0
 
 
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
 @pytest.mark.docker
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_reconcile_kills_and_removes_only_what_it_can_prove(
-    tmp_path: Path, sleepers: list[int], containers: list[str]
+    tmp_path: Path,
+    sleepers: list[int],
+    containers: list[str],
+    backend: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """In the user's own store, SQLite or a shared Postgres one (where other users' rows
+    live): forged resource rows prove nothing."""
     repo = init_repo(tmp_path / "proj", {"a.txt": "a\n"})
-    assert orch("ps", cwd=repo).returncode == 0
+    env: dict[str, str] = {}
+    if backend == "postgres":
+        from orchestrator.store.postgres import PostgresStore
+
+        env = {"ORCH_STORE": request.getfixturevalue("pg_url")}
+        store: RunStore = PostgresStore(env["ORCH_STORE"])
+    assert orch("ps", cwd=repo, env=env).returncode == 0
+    if backend == "sqlite":
+        store = SqliteStore(repo / ".orch" / "orch.db")
     zero, wrong, unsigned, ours = _sleeper(), _sleeper(), _sleeper(), _sleeper()
     sleepers.extend([zero, wrong, unsigned, ours])
     starts = {p: process_start(p) for p in (zero, wrong, unsigned, ours)}
@@ -193,7 +211,7 @@ def test_reconcile_kills_and_removes_only_what_it_can_prove(
     tokened = _victim_container(containers, **token)
     other_uid = _victim_container(containers, **{**token, "orch.owner_uid": "65534"})
     rid = "r-planted"
-    _plant_run(repo / ".orch" / "orch.db", [
+    _plant_run(store, [
         ("pgroup", sign(rid, "pgroup", f"{zero}:0")),  # start time 0: no proof
         ("pgroup", sign(rid, "pgroup", f"{wrong}:{(starts[wrong] or 0) + 1}")),  # not its start
         ("pgroup", f"{unsigned}:{starts[unsigned]}"),  # exact, but not signed by our key
@@ -205,12 +223,15 @@ def test_reconcile_kills_and_removes_only_what_it_can_prove(
         ("container", sign(rid, "container", f"{other_uid} {'a' * 32}")),  # another uid's
     ])  # fmt: skip
 
-    done = orch("ps", "--all", "--json", cwd=repo)
+    done = orch("ps", "--all", "--json", cwd=repo, env=env)
     assert done.returncode == 0, done.stderr
     assert all(_alive(p, starts[p]) for p in (zero, wrong, unsigned))
     wait_for(lambda: not _alive(ours, starts[ours]), 10, "the proven group to be killed")
     assert all(_running(c) for c in (bare, tokened, other_uid))
-    record = SqliteStore(repo / ".orch" / "orch.db").require_run("r-planted")
+    try:
+        record = store.require_run(rid)  # (closed after planting: reopened, as by another process)
+    finally:
+        store.close()
     assert record.status == RunStatus.INTERRUPTED, record
     assert (record.error or "").count("left container") == 5, record.error
     assert "left pgroup" in (record.error or ""), record.error
