@@ -239,7 +239,9 @@ def _verify(path: Path, *, adopting: bool = False) -> None:
         raise _reason(
             path,
             f"came with the repository (git tracks {tracked[0]})",
-            f"`git rm -r --cached {path.name}` the state, then {_move_away(path)}",
+            f"move it away (mv {path} {path}.untrusted) and stop tracking its state "
+            f"(git rm -r --cached {' '.join(tracked[:3])}{' …' if len(tracked) > 3 else ''}), "
+            "then run again",
         )
     with _opened(path) as dfd:
         st = os.fstat(dfd)
