@@ -24,10 +24,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from .run import RunRecord, RunStatus, now
+from .statedir import open_log, verified
 from .store import RunStore, state_dir
 from .workspaces.base import kill_group_ref, process_start
 
 HEARTBEAT_S = 1.0
+SIGNED = ("pgroup", "container")  # refs signed at registration (statedir.sign)
 REMOTE_STALE_S = 30.0  # a remote owner whose heartbeat is older is taken for gone
 HAVE_PROC = Path("/proc/self/stat").exists()
 _NODE: list[str] = []  # this process's node name, once known
@@ -135,21 +137,25 @@ def reap(store: RunStore, run_id: str) -> list[str]:
     """Reap what a run whose owner is gone left behind; returns what was done."""
     done: list[str] = []
     for res in store.resources(run_id):
-        kind, ref = res["kind"], res["ref"]
-        if kind == "pgroup":
+        kind, signed = res["kind"], res["ref"]
+        ref = verified(run_id, kind, signed) if kind in SIGNED else signed
+        if ref is None:  # a row this user's orch did not write: nothing of it is touched
+            done.append(f"left {kind} {signed.split(' ')[0][:24]} alone: not registered by "
+                        "this user's orch")  # fmt: skip
+        elif kind == "pgroup":
             if kill_group_ref(ref):
                 done.append(f"killed process group {ref.partition(':')[0]}")
         elif kind == "worktree":
             from .workspaces.worktree import salvage_worktree
 
-            art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted"))
+            art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted", proven=True))
             if art:
                 done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
         elif kind in ("container", "checkpoint"):  # work salvaged, then the container removed
             from .workspaces.boxout import reap_resource
 
             done.extend(reap_resource(store.get_run(run_id), kind, ref))
-        store.release_resource(run_id, kind, ref)
+        store.release_resource(run_id, kind, signed)
     return done
 
 
@@ -200,9 +206,7 @@ def spawn_worker(project_root: Path, run_id: str) -> int:
 
 def own_worker(project_root: Path, run_id: str, why: str = "") -> int:
     """Start a detached worker (new session: survives the terminal) for one queued run."""
-    logs = state_dir(project_root) / "logs"
-    logs.mkdir(exist_ok=True)
-    log = (logs / f"{run_id}.log").open("ab")
+    log = os.fdopen(open_log(state_dir(project_root), f"{run_id}.log"), "ab")
     try:
         if why:
             log.write(f"orch: {why}; this run gets a worker of its own\n".encode())

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from .statedir import entry, open_log
 from .store import state_dir
 from .warm import address, peer, try_lock
 
@@ -86,7 +87,7 @@ def env_key(store: str | None = None) -> str:
 
 def paths(state: Path, key: str) -> tuple[Path, Path]:
     """(socket, lock file) of the host for ``key`` in the state dir ``state``."""
-    return state / f"host-{key}.sock", state / f"host-{key}.lock"
+    return entry(state, f"host-{key}.sock"), entry(state, f"host-{key}.lock")
 
 
 class NoAnswer(HostUnavailable):
@@ -155,12 +156,10 @@ def start_host(project_root: Path, state: Path, key: str, lock_fd: int, run_id: 
     sock_path, _ = paths(state, key)
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()  # left by a dead host: nobody answered on it, nobody holds the lock
-    logs = state / "logs"
-    logs.mkdir(exist_ok=True)
     argv = [sys.executable, "-m", "orchestrator", "_host", "--key", key, "--lock-fd",
             str(lock_fd), "--run", run_id, "--launcher", str(os.getpid()),
             "-C", str(project_root)]  # fmt: skip
-    with (logs / "host.log").open("ab") as log:
+    with os.fdopen(open_log(state, "host.log"), "ab") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=host_env(),
             start_new_session=True, close_fds=True, pass_fds=(lock_fd,),

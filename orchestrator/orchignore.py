@@ -4,7 +4,8 @@
 its ``-wal``/``-shm``/``-journal`` files), ``logs/`` (detached workers and the worker
 host), ``worktrees/`` (the checkouts of worktree runs) with ``worktrees.lock``, the
 worker host's ``host-KEY.sock`` and ``host-KEY.lock``, and the temp files of atomic
-writes (``*.orch-tmp``). A project commits its configuration there: ``agents/``,
+writes (``*.orch-tmp``), and ``owner`` (``statedir.py``: the mark that it is ours). A
+project commits its configuration there: ``agents/``,
 ``skills/`` and ``teams/``. So the ``.gitignore`` orch writes names the state only (and
 itself, so the first orch command leaves ``git status`` clean); everything else stays
 addable.
@@ -27,6 +28,7 @@ STATE_IGNORE = """\
 # Written by orch: its state stays out of git. agents/, skills/ and teams/ are
 # configuration: commit them. orch leaves this file alone once you edit it.
 /.gitignore
+/owner
 /orch.db
 /orch.db-*
 /logs/
@@ -37,9 +39,10 @@ STATE_IGNORE = """\
 /*.tmp
 *.orch-tmp
 """
+_BEFORE_OWNER = STATE_IGNORE.replace("/owner\n", "")  # before statedir.py's mark
 # What orch wrote before (ignoring everything, configuration included): upgraded. When
 # STATE_IGNORE changes, add its previous text here, or it counts as the user's.
-OLD_IGNORES = frozenset({"*\n", "*"})
+OLD_IGNORES = frozenset({"*\n", "*", _BEFORE_OWNER})
 MAX_READ = 64 * 1024
 
 

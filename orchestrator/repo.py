@@ -21,9 +21,9 @@ import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from . import statedir
 from .errors import OrchError, UsageError
 from .git import GitResult, RepoPaths, git, git_sync
-from .orchignore import ensure_state_ignore
 
 NOT_A_REPO = (
     "{path} is not inside a git repository; run orch inside a git repo or use isolation 'shared'"
@@ -105,9 +105,9 @@ def orch_dir(main_root: Path) -> Path:
 
 def ensure_orch_dir(main_root: Path) -> None:
     """``<main root>/.orch/worktrees``, with orch's ``.gitignore`` (``orchignore.py``) so git
-    status stays clean while ``.orch/agents/`` and the like stay committable."""
-    (orch_dir(main_root) / "worktrees").mkdir(parents=True, exist_ok=True)
-    ensure_state_ignore(orch_dir(main_root))
+    status stays clean while ``.orch/agents/`` and the like stay committable. ``.orch`` must
+    be ours and ``worktrees`` no symlink (``statedir.py``): else :class:`~.statedir.Refused`."""
+    statedir.entry(statedir.checked_dir(orch_dir(main_root)), "worktrees", directory=True)
 
 
 _async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
@@ -118,7 +118,7 @@ _async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asy
 def _flock_acquire(main_root: Path) -> int:
     ensure_orch_dir(main_root)
     path = orch_dir(main_root) / "worktrees.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = statedir.open_file(path.parent, path.name, os.O_RDWR | os.O_CREAT)
     deadline = time.monotonic() + FLOCK_TIMEOUT_S
     while True:
         try:

@@ -184,16 +184,19 @@ def test_salvage_failures_end_the_run_interrupted_with_a_reason(
         subprocess.run(["docker", "rm", "-f", cids["gone"]], check=True, capture_output=True)
         rec = ended(repos["gone"], runs["gone"])
         assert f"container {cids['gone'][:12]} was already gone" in rec["error"]
-        # the work is over sandbox.bundle_max_bytes: not taken, the container removed
+        # the work is over sandbox.bundle_max_bytes: not taken, so never removed (its TTL
+        # ends it; salvage removes only what it exported)
         rec = ended(repos["big"], runs["big"])
         assert "sandbox.bundle_max_bytes (100,000 bytes)" in rec["error"]
-        assert f"removed container {cids['big'][:12]} (the work in it is lost)" in rec["error"]
-        assert not labelled(f"orch.run_id={runs['big']}")
+        assert f"container {cids['big'][:12]}" in rec["error"]
+        assert "left it running until its TTL" in rec["error"]
+        assert labelled(f"orch.run_id={runs['big']}") == [cids["big"]]
         for k in ("gone", "big"):
             assert sh(repos[k], "branch", "--list", "orch/*") == ""
             assert leftovers(repos[k]) == []
     finally:
-        subprocess.run(["docker", "rm", "-f", cids["down"]], capture_output=True)
+        for k in ("down", "big"):
+            subprocess.run(["docker", "rm", "-f", cids[k]], capture_output=True)
 
 
 # -- checkpoints of nested children ----------------------------------------------------------

@@ -36,7 +36,7 @@ from orchestrator.git import (
     hardened_env,
     prepare,
 )
-from orchestrator.repo import diff_stats, discover_sync, locate, worktree_paths
+from orchestrator.repo import diff_stats, discover_sync, ensure_orch_dir, locate, worktree_paths
 from orchestrator.run import new_run_id
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.settle import commit_all, remove_worktree
@@ -235,7 +235,7 @@ def test_close_time_operations_run_nothing(evil: tuple[Path, Plants], tmp_path: 
 
     async def body() -> None:
         path = repo / ".orch" / "worktrees" / "r-1"
-        path.parent.mkdir(parents=True)
+        ensure_orch_dir(repo)  # as orch makes it (statedir.py: marked as ours)
         await git("worktree", "add", "-q", "-b", "orch/t/1", str(path), "HEAD", repo=main)
         tree = await locate(path)
         assert tree.git_dir == repo / ".git" / "worktrees" / "r-1"
@@ -377,7 +377,7 @@ def test_worktree_found_through_its_admin_dir(evil: tuple[Path, Plants], tmp_pat
     repo, _ = evil
     main = main_of(repo)
     path = repo / ".orch" / "worktrees" / "r-2"
-    path.parent.mkdir(parents=True)
+    ensure_orch_dir(repo)
     git_sync("worktree", "add", "-q", "--detach", str(path), "HEAD", repo=main)
     (path / ".git").write_text(f"gitdir: {tmp_path}\n")  # never read
     found = worktree_paths(main, path)

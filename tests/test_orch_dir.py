@@ -12,7 +12,7 @@ from tests.support import git, init_repo, orch, wait_for, write_script
 STATE_PATHS = [
     "orch.db", "orch.db-wal", "orch.db-shm", "orch.db-journal", "logs/host.log",
     "logs/r-123.log", "worktrees/r-123/src/app.py", "worktrees.lock", "host-abc123.sock",
-    "host-abc123.lock", ".gitignore.0a1b2c.orch-tmp", "agents/.x.md.0a1b2c.orch-tmp",
+    "host-abc123.lock", "owner", ".gitignore.0a1b2c.orch-tmp", "agents/.x.md.0a1b2c.orch-tmp",
 ]  # fmt: skip
 CONFIG_PATHS = ["agents/x.md", "skills/s/SKILL.md", "teams/review.toml"]
 

@@ -29,6 +29,7 @@ from orchestrator.cli.common import find_run, handles_errors, open_project
 from orchestrator.errors import NotFound, UsageError
 from orchestrator.orchignore import STATE_IGNORE
 from orchestrator.run import RunRecord, RunStatus, Usage
+from orchestrator.statedir import Refused, adopt
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store, state_dir
 from orchestrator.store.sqlite import _like_prefix, _wal
 from orchestrator.workspaces.base import ResourceSink
@@ -199,7 +200,7 @@ def test_state_is_private_whatever_the_umask(tmp_path: Path, umask: None, mask: 
         assert _mode(path) == 0o600, path
 
 
-def test_loose_state_of_ours_is_tightened(tmp_path: Path) -> None:
+def test_an_older_store_is_adopted_then_tightened(tmp_path: Path) -> None:
     home = tmp_path / ".orch"
     home.mkdir(mode=0o755)
     home.chmod(0o755)
@@ -212,6 +213,9 @@ def test_loose_state_of_ours_is_tightened(tmp_path: Path) -> None:
     wal = db.with_name("orch.db-wal")
     wal.touch()
     wal.chmod(0o666)
+    with pytest.raises(Refused, match="without this user's owner mark"):
+        open_store(tmp_path)  # an older orch's store (or a copy): the user adopts it
+    adopt(home)
     store = open_store(tmp_path)
     assert _mode(home) == 0o700
     assert _mode(db) == 0o600 and _mode(wal) == 0o600
@@ -315,8 +319,7 @@ def test_plain_orch_never_imports_the_postgres_store(tmp_path: Path) -> None:
 def test_a_broken_database_is_one_line_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = tmp_path / ".orch"
-    home.mkdir()
+    home = state_dir(tmp_path)  # orch's own state directory, its database broken
     (home / "orch.db").write_bytes(b"this is not a database" * 100)
     with pytest.raises(typer.Exit):
         handles_errors(open_project)(tmp_path)

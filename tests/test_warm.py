@@ -64,10 +64,11 @@ class Warm:
 
 
 @pytest.fixture
-def w(tmp_path: Path) -> Iterator[Warm]:
+def w(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Warm]:
     repo = init_repo(tmp_path / "proj", {"a.txt": "alpha\n"})
     helper = Warm(repo, tmp_path / "home")
     helper.home.mkdir()
+    monkeypatch.setenv("HOME", str(helper.home))  # the same user: the store is ours here too
     yield helper
     for pid in helper.pids():
         os.kill(pid, signal.SIGTERM)

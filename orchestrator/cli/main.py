@@ -82,6 +82,9 @@ def _register_subapps() -> None:
 
     register_trust(app)
     register_doctor(app)
+    from .state import register as register_state
+
+    register_state(app)
 
 
 def root_spec(

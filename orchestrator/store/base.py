@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import OrchError
-from ..orchignore import ensure_state_ignore
 from ..run import RunRecord, RunStatus
+from ..statedir import STATE_DIR_MODE as STATE_DIR_MODE
+from ..statedir import state_dir as state_dir
+from ..statedir import state_path as state_path
 from ..workspaces.base import ResourceSink
 
-STATE_DIR_MODE = 0o700
 TRANSCRIPT_LIMIT = 2 * 1024 * 1024  # bytes of JSON kept per transcript
 
 
@@ -77,27 +78,6 @@ def make_private(path: Path, mode: int, *, created: bool = False) -> None:
     current = stat.S_IMODE(st.st_mode)
     if (created and current != mode) or current & ~mode:
         os.chmod(path, mode)
-
-
-def state_path(project_root: Path) -> Path:
-    """Where the state dir of a project is (``$ORCH_HOME`` or ``<project>/.orch``), made or not."""
-    env = os.environ.get("ORCH_HOME")
-    return Path(env).expanduser() if env else project_root / ".orch"
-
-
-def state_dir(project_root: Path) -> Path:
-    """``$ORCH_HOME`` or ``<project>/.orch``: mode 0700, with a ``.gitignore`` of orch's
-    state (``orchignore.py``: agents/, skills/ and teams/ stay committable).
-
-    Created if missing; an existing one of ours with looser bits is tightened to 0700
-    (it holds prompts, outputs and logs of every run).
-    """
-    path = state_path(project_root)
-    existed = path.is_dir()
-    path.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
-    make_private(path, STATE_DIR_MODE, created=not existed)
-    ensure_state_ignore(path)
-    return path
 
 
 class StoreError(OrchError):

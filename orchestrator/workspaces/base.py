@@ -25,6 +25,8 @@ from typing import Any, ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from ..statedir import sign
+
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
 OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive
 
@@ -182,15 +184,19 @@ def group_ref(pgid: int) -> str:
 def kill_group_ref(ref: str) -> int:
     """Kill a registered group after a crash, never a stranger that reuses its id.
 
-    While the leader lives, its start time must match the recorded one; once it is
-    gone, only members of that group started no earlier than the recorded leader are
-    killed. Returns how many processes were signalled.
+    The proof is the leader's start time (``/proc/PID/stat``): while the leader lives, it
+    must equal the recorded one exactly; once it is gone, only members of that group of
+    this uid started no earlier than the recorded leader are killed. A ref without a start
+    time (or 0: an unreadable one) proves nothing and kills nothing. Returns how many
+    processes were signalled.
     """
     pgid_text, _, start_text = ref.partition(":")
-    pgid, start = int(pgid_text), int(start_text or 0)
-    if not start:
-        kill_group(pgid)
-        return 1
+    try:
+        pgid, start = int(pgid_text), int(start_text or 0)
+    except ValueError:
+        return 0
+    if start <= 0 or pgid <= 1:
+        return 0  # no proof (a start time of 0 or none never means "kill anyway")
     leader = process_start(pgid)
     if leader is not None and leader != start:
         return 0  # the id now leads another group
@@ -201,6 +207,9 @@ def kill_group_ref(ref: str) -> int:
         fields = _stat(entry.name)
         if fields is None or int(fields[2]) != pgid or int(fields[19]) < start:
             continue
+        with contextlib.suppress(OSError):
+            if entry.stat().st_uid != os.getuid():
+                continue  # never another user's process
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(entry.name), signal.SIGKILL)
             killed += 1
@@ -258,7 +267,7 @@ async def run_process(
         start_new_session=True,
     )
     pgid = proc.pid  # start_new_session: the child leads its own group
-    ref = group_ref(pgid)
+    ref = sign(run_id, "pgroup", group_ref(pgid))  # reconcile kills only what it signed
     sink.register_resource(run_id, "pgroup", ref)
     chunks: list[bytes] = []
     kept = 0

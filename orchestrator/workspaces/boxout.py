@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,7 +42,7 @@ from ..git import RepoPaths, git
 from ..repo import discover, is_ancestor, rev
 from .base import process_start
 from .dockerexec import Sandbox
-from .pool import docker_client, docker_errors, remove_by_id
+from .pool import MANAGED, OWNER_UID, TOKEN, docker_client, docker_errors, remove_by_id
 from .settle import commit_env, commit_message
 from .transfer import EXPORT, ahead_of, unpack
 from .worktree import ref_component
@@ -53,6 +55,7 @@ SALVAGE_TIMEOUT_S = 120.0  # a salvage runs inside some `orch` command: bounded 
 CHECKPOINTS = "refs/orch/checkpoints/"
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 _USER = re.compile(r"^([0-9]+):([0-9]+)$")
+_ID = re.compile(r"^[0-9a-f]{64}$")
 
 
 # -- the one way out --------------------------------------------------------------------
@@ -75,8 +78,6 @@ async def export_work(
             got = await box.call(["bash", "-c", EXPORT], message.encode(), env=env,
                                  out_cap=cap, timeout_s=timeout_s, out_file=f,
                                  via_server=True)  # fmt: skip
-        if exported is not None:
-            exported()
         if got.overflow:
             raise OrchError(
                 f"the sandbox's work is over sandbox.bundle_max_bytes ({cap:,} bytes); "
@@ -87,11 +88,13 @@ async def export_work(
         ahead = ahead_of(got.err)
         if ahead is None:
             raise OrchError("the sandbox's git repository is unusable; its work is lost")
-        if ahead == 0:
-            return None
-        if got.code != 0:
+        if ahead != 0 and got.code != 0:
             err = got.err.decode("utf-8", "replace").strip().splitlines()
             raise OrchError(f"git bundle failed in the sandbox: {(err or ['?'])[-2:]}")
+        if exported is not None:  # only now: what was refused above is never removed
+            exported()
+        if ahead == 0:
+            return None
         return await unpack(main, path)
 
 
@@ -135,13 +138,37 @@ def reap_resource(record: RunRecord | None, kind: str, ref: str) -> list[str]:
     return asyncio.run(salvage_container(record, ref))
 
 
-async def salvage_container(record: RunRecord | None, container_id: str) -> list[str]:
+def _proof(found: dict[str, Any] | None, container_id: str, token: str) -> str:
+    """Why the container is not provably the one the run made ('' when it is): the exact
+    id, orch's label, this uid, and the token recorded with the resource (``pool.py``)."""
+    if found is None:
+        return ""  # gone: nothing to act on
+    labels = (found.get("Config") or {}).get("Labels") or {}
+    if not _ID.match(container_id) or found.get("Id") != container_id:
+        return "the record names no container id"
+    if labels.get(MANAGED) != "true" or labels.get(OWNER_UID) != str(os.getuid()):
+        return "it is not an orch container of this user"
+    if not token or not secrets.compare_digest(labels.get(TOKEN, ""), token):
+        return "its token is not the one recorded when it was made"
+    return ""
+
+
+async def salvage_container(record: RunRecord | None, ref: str) -> list[str]:
+    container_id, _, token = ref.partition(" ")
     short = container_id[:12]
     try:
         client = await asyncio.to_thread(docker_client)
     except OrchError as e:
         return [f"could not reach container {short} to keep its work ({e}); "
                 "its TTL still ends it"]  # fmt: skip
+    try:
+        found = await asyncio.to_thread(_inspect, client, container_id)
+    except OrchError as e:
+        client.close()
+        return [f"could not inspect container {short} ({e}); its TTL still ends it"]
+    if why := _proof(found, container_id, token):
+        client.close()
+        return [f"left container {short} alone: {why}"]
     removal: list[asyncio.Future[dict[str, str]]] = []
 
     def remove() -> None:  # once the work is out (or cannot be): meanwhile the host imports it
@@ -157,6 +184,9 @@ async def salvage_container(record: RunRecord | None, container_id: str) -> list
             return [f"container {short} was already gone (the work in it is lost)"]
         except OrchError as e:
             why = str(e)
+        if why and not removal:
+            return [f"could not keep the work in container {short}: {why}; left it "
+                    "running until its TTL (`orch sandbox ps`)"]  # fmt: skip
         remove()
         try:
             await removal[0]
@@ -165,7 +195,7 @@ async def salvage_container(record: RunRecord | None, container_id: str) -> list
             removed = f"could not remove container {short}: {e}"
         if kept:
             return [kept, removed]
-        if why:
+        if why:  # the bundle was out, its import failed
             return [f"could not keep the work in container {short}: {why}",
                     f"{removed} (the work in it is lost)"]  # fmt: skip
         return [f"{removed} (it held no new work)"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -45,6 +46,7 @@ from typing import Any, ClassVar, Literal, Self
 from ..errors import OrchError, UsageError
 from ..git import git
 from ..repo import diff_stats, locate, rev
+from ..statedir import sign
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .boxout import checkpoint_resource, export_work, land
 from .boxruntime import ContainerRuntime
@@ -53,6 +55,8 @@ from .hiding import hidden_reason, hidden_rels, mirrored
 from .includes import excluded_paths, include_files
 from .pool import (
     MANAGED,
+    OWNER_UID,
+    TOKEN,
     WORKSPACE,
     claim_warm,
     create_container,
@@ -61,6 +65,7 @@ from .pool import (
     owner_labels,
     process_start,
     remove_by_id,
+    resource_ref,
     sandbox_settings,
     sandbox_user,
     start_container,
@@ -121,6 +126,8 @@ def reap_by_label(run_ids: set[str] | None = None) -> list[str]:
     try:
         for c in list_containers(client):
             labels = c["labels"]
+            if labels.get(OWNER_UID, str(os.getuid())) != str(os.getuid()):
+                continue  # another user's (an older orch set no uid: its TTL ends it)
             if c["owner_alive"] or (
                 run_ids is not None and labels.get("orch.run_id") not in run_ids
             ):
@@ -152,6 +159,7 @@ class ContainerWorkspace:
         self.base_commit = ""  # the commit the artifact is measured from
         self.main: Any = None  # RepoPaths of the user's repository
         self.container_id = ""
+        self._ref = ""  # the registered resource: id and token (pool.resource_ref)
         self.pooled = False
         self.uid = self.gid = 0
         self.box: Sandbox | None = None
@@ -237,12 +245,15 @@ class ContainerWorkspace:
             warm = claim_warm(self.cfg)
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
+                ref = resource_ref(warm.container_id, {TOKEN: warm.token})
+                self._ref = sign(spec.run_id, "container", ref)
                 self._register()
             else:
                 labels = owner_labels(spec.run_id, spec.chain_id, spec.agent)
                 self.container_id = await asyncio.to_thread(
                     create_container, self._client, self.cfg, self.uid, self.gid, labels
                 )
+                self._ref = sign(spec.run_id, "container", resource_ref(self.container_id, labels))
                 self._register()
                 await asyncio.to_thread(start_container, self._client, self.container_id)
             self.box = Sandbox(self._client, self.container_id, self.cfg, f"{self.uid}:{self.gid}")
@@ -346,7 +357,7 @@ class ContainerWorkspace:
             raise OrchError(f"could not set up the sandbox's tree: {(detail or ['?'])[-1][:200]}")
 
     def _register(self) -> None:
-        self.spec.sink.register_resource(self.spec.run_id, "container", self.container_id)
+        self.spec.sink.register_resource(self.spec.run_id, "container", self._ref)
         self._registered = True
 
     # -- work out -----------------------------------------------------------------------
@@ -437,9 +448,7 @@ class ContainerWorkspace:
                     failure = failure or e
                 else:
                     if self._registered:
-                        self.spec.sink.release_resource(
-                            self.spec.run_id, "container", self.container_id
-                        )
+                        self.spec.sink.release_resource(self.spec.run_id, "container", self._ref)
         finally:
             if removal and not removal[0].done():  # a non-OrchError above: still wait for it
                 with contextlib.suppress(Exception):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,8 @@ from .worktree import await_shielded
 
 WORKSPACE = "/workspace"
 MANAGED = "orch.managed"
+TOKEN = "orch.token"  # per container, random; the store records it (resource_ref)
+OWNER_UID = "orch.owner_uid"
 TMPFS = "rw,nosuid,nodev,exec"  # Docker makes tmpfs noexec unless told
 DEFAULT_IMAGE = SandboxSettings().image
 _API_VERSION: dict[str, str] = {}
@@ -125,11 +128,18 @@ def process_start(pid: int) -> int | None:
 
 
 def owner_labels(run_id: str = "", chain_id: str = "", agent: str = "") -> dict[str, str]:
+    """A new container's labels: who made it, and its ``TOKEN`` (random, recorded with the
+    run's resource): reconcile removes only a container whose token and uid it recorded."""
     pid = os.getpid()
     return {MANAGED: "true", "orch.run_id": run_id, "orch.chain_id": chain_id,
             "orch.agent": agent, "orch.owner_pid": str(pid),
-            "orch.owner_start": str(process_start(pid) or ""),
-            "orch.created_at": f"{time.time():.3f}"}  # fmt: skip
+            "orch.owner_start": str(process_start(pid) or ""), OWNER_UID: str(os.getuid()),
+            TOKEN: secrets.token_hex(16), "orch.created_at": f"{time.time():.3f}"}  # fmt: skip
+
+
+def resource_ref(container_id: str, labels: Mapping[str, str]) -> str:
+    """How a run's container is registered: its id and its token."""
+    return f"{container_id} {labels.get(TOKEN, '')}"
 
 
 # -- one container ------------------------------------------------------------------------
@@ -143,6 +153,7 @@ class Warm:
     container_id: str
     created: float = field(default_factory=time.monotonic)
     server: Server | None = None
+    token: str = ""
 
 
 def create_container(
@@ -337,7 +348,7 @@ class ContainerPool:
             start_server, self._client, cid, user, WORKSPACE, wait=True
         )
         self.error = None
-        self.ready.append(Warm(cid, server=server))
+        self.ready.append(Warm(cid, server=server, token=labels[TOKEN]))
         self._changed.set()
 
     def _discard(self, warm: Warm) -> None:

@@ -204,13 +204,16 @@ async def settle(
     return artifacts
 
 
-async def salvage_worktree(path: Path, run_id: str, status: str) -> dict[str, Any] | None:
+async def salvage_worktree(
+    path: Path, run_id: str, status: str, *, proven: bool = False
+) -> dict[str, Any] | None:
     """Commit the leftover work of an interrupted run and remove its worktree; keep its branch.
 
     ``path`` is ``<main root>/.orch/worktrees/<run id>`` (from the run record): the main
     repository is found from it, the worktree through its admin dir (never its ``.git``).
     Returns the branch artifact, or None when there was no worktree or no work (then the
-    worktree and its branch are removed). Work is never deleted.
+    worktree and its branch are removed). Work is never deleted. ``proven`` (reconcile,
+    whose ``path`` comes from a store): only a worktree git has locked for this very run.
     """
     real = await asyncio.to_thread(path.resolve)
     root = orch_worktree_root(real)
@@ -225,6 +228,8 @@ async def salvage_worktree(path: Path, run_id: str, status: str) -> dict[str, An
     entry = next((e for e, hit in zip(entries, same, strict=True) if hit), None)
     if entry is None:
         return None  # not a registered worktree: leave it alone
+    if proven and not entry.get("locked", "").startswith(f"orch run {run_id} ("):
+        return None  # not locked for this run (orch locks each at `worktree add`): not ours
     branch = entry.get("branch")
     if not branch:  # detached: give its commits a branch to live on
         branch = f"orch/salvaged/{short_run_id(run_id)}"

@@ -1,0 +1,41 @@
+"""`orch adopt-state`: vouch for a state directory an older orch made (``statedir.py``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import statedir
+from ..errors import UsageError
+from ..paths import project_root
+from .common import handles_errors, out
+from .safe import safe_text
+
+
+@handles_errors
+def adopt_state(
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
+    ] = None,
+) -> None:
+    """Mark this project's state directory (.orch, or $ORCH_HOME) as made by you.
+
+    For a store an older orch made: orch refuses state without your owner mark, since a
+    checkout or a copy could plant runs whose resources it would then kill or remove.
+    Only adopt a directory you know your own orch made. A symlink, a directory git tracks
+    state in, or one of another user is still refused.
+    """
+    wd = (workdir or Path.cwd()).expanduser()
+    if not wd.is_dir():
+        raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
+    env = os.environ.get("ORCH_HOME")
+    path = Path(env).expanduser() if env else project_root(wd) / ".orch"
+    done = statedir.adopt(path)
+    out.print(safe_text(f"{done}: marked as yours; orch uses it again"), soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="adopt-state")(adopt_state)
