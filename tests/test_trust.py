@@ -274,9 +274,12 @@ def test_an_agent_file_weakening_a_bundled_agents_isolation_needs_trust(tmp_path
         },
     )
     data = show(repo)
-    assert data["settings"] == {
-        "agents.writer.isolation": {"file": ".orch/agents/writer.md", "isolation": None}
+    # no isolation (shared), and no tools line (all, task too): weaker both ways
+    assert data["settings"]["agents.writer.isolation"] == {
+        "file": ".orch/agents/writer.md",
+        "isolation": None,
     }
+    assert set(data["settings"]) == {"agents.writer.isolation", "agents.writer.tools"}
     shown = orch("agents", "show", "writer", "--json", cwd=repo)
     assert json.loads(shown.stdout)["isolation"] == "worktree"
     assert "agents.writer.isolation" in notice_lines(shown.stderr)[0]
