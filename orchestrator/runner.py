@@ -378,14 +378,17 @@ class Runner:
         """The run under its limits: timeout, stall watchdog, hooks, and errors as outcomes."""
         record = ctx.record
         if record.depth > 0 and self.settings.hooks.subagent_start:
-            started = await run_hooks(
-                self.settings.hooks.subagent_start,
-                "SubagentStart",
-                record.agent,
-                {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
-                cwd=ctx.hook_cwd,
-                env=ctx.env,
-            )
+            try:
+                started = await run_hooks(
+                    self.settings.hooks.subagent_start,
+                    "SubagentStart",
+                    record.agent,
+                    {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
+                    cwd=ctx.hook_cwd,
+                    env=ctx.env,
+                )
+            except OrchError as e:  # a hook refused (hookguard): the run fails closed
+                return LoopOutcome(RunStatus.FAILED, "", str(e))
             if started.blocked:
                 return LoopOutcome(RunStatus.FAILED, "", f"SubagentStart hook: {started.message}")
         loop = AgentRun(
