@@ -7,7 +7,7 @@ reads its command the way the bash deny list does (``commands.command_words``: e
 command, inside ``bash -c``, ``$(...)``, subshells too) and refuses it when
 
 - a word, a redirection target, or the value of ``NAME=value`` / ``--opt=value`` that names
-  a path (it has a ``/``, starts with ``~`` or ``.``, or ends like a script: ``.py``,
+  a path (it has a ``/``, starts with ``~``, is ``.`` or ``..``, or ends like a script: ``.py``,
   ``.sh``...) lies in a workspace, or passes through one on the way (every symlink on the
   way is followed and checked, so a link outside pointing in, or a link inside pointing out,
   are both refused); a relative path counts as relative to the run's workspace, as if the
@@ -103,7 +103,7 @@ def _candidates(word: str) -> Iterator[str]:
 
 
 def _pathlike(word: str) -> bool:
-    return "/" in word or word.startswith(("~", ".")) or bool(_SCRIPT.search(word))
+    return "/" in word or word.startswith("~") or word in (".", "..") or bool(_SCRIPT.search(word))
 
 
 def _words(line: str, depth: int = 0) -> Iterator[str]:
