@@ -387,7 +387,9 @@ def test_hook_whose_child_leaves_the_group_cannot_hang_the_run(tmp_path: Path) -
     started = time.monotonic()
     try:
         outcome = asyncio.run(
-            run_hooks(hooks, "PreToolUse", "bash", {}, cwd=_workspace(tmp_path), env=dict(os.environ))
+            run_hooks(
+                hooks, "PreToolUse", "bash", {}, cwd=_workspace(tmp_path), env=dict(os.environ)
+            )
         )
         assert outcome.blocked and "timed out" in outcome.message
         assert time.monotonic() - started < 10
