@@ -38,7 +38,7 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
     repository's when it lies inside ``root`` (whoever named it: the repository's files are
     in it); the rest are the user's. A repository agent that wins over a user's (or bundled)
     agent of the same name must not have a weaker isolation (none written is ``shared``),
-    a tool (or an agent it may start) the user's lacks, or another network."""
+    a tool (or an agent it may start) the user's lacks, more turns, or another network."""
 
     def named(settings: dict[str, Any]) -> list[Path]:
         dirs = settings.get("agents_dirs")
@@ -54,6 +54,7 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
     order = [*named(user), *repo_dirs, Path.home() / ".orch/agents"]
     order += [bundled] if bundled else []
     found = _by_name(order)
+    settings_turns = float("inf")  # an agent without maxTurns gets the settings' (any)
     floors: list[AgentFloor] = []
     for name, entries in sorted(found.items()):
         path, d = entries[0]
@@ -71,6 +72,8 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
         if _more_tools(d, u):
             tools = sorted(d.allowed_tools(list(ORCH_TOOLS)))
             floors.append(AgentFloor(name, path, "tools", tools, theirs_path, of_bundled))
+        if (d.max_turns or settings_turns) > (u.max_turns or settings_turns):
+            floors.append(AgentFloor(name, path, "max_turns", d.max_turns, theirs_path, of_bundled))
         if d.network != u.network and d.network != "host" and u.network == "none":
             floors.append(AgentFloor(name, path, "network", d.network, theirs_path, of_bundled))
     return floors

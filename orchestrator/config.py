@@ -298,9 +298,7 @@ class Settings(BaseModel):
     stall_timeout: float = Field(default=600.0, json_schema_extra=ZERO_IS_NONE)  # 0: none
     # The worker host of detached runs exits this long after its last run ended (0: at once);
     # ORCH_HOST_IDLE overrides it.
-    host_idle_seconds: float = Field(
-        default=60.0, ge=0, json_schema_extra=not_limit("how long an idle worker host waits")
-    )
+    host_idle_seconds: float = Field(default=60.0, ge=0, json_schema_extra=LIMIT)
     # Host-tier commands: "none" (default) or "host" (the machine's network).
     network: Literal["none", "host"] = "none"
     extra_env: dict[str, str] = Field(default_factory=dict)  # given to sandboxed commands

@@ -38,11 +38,12 @@ every limit                a numeric setting marked ``LIMIT`` in ``config.py`` (
                            (:func:`limits`), so a new limit cannot be forgotten
 ``agents.NAME.isolation``  an agent file of the repository (its ``.orch/agents``,
 ``agents.NAME.tools``      ``.claude/agents``, ``agents_dirs``) that replaces one of the
-``agents.NAME.network``    user's (``~/.orch/agents``, the user's ``agents_dirs``) or a bundled
-                           agent of the same name with a weaker ``isolation`` (written, or
-                           left out: ``shared``), more tools (or agents it may start), or
-                           another network; and any of its agents asking ``network: host``;
-                           found by ``agent_trust.py``, which sits above ``definitions``
+``agents.NAME.max_turns``  user's (``~/.orch/agents``, the user's ``agents_dirs``) or a bundled
+``agents.NAME.network``    agent of the same name with a weaker ``isolation`` (written, or
+                           left out: ``shared``), more tools (or agents it may start), more
+                           turns, or another network; and any of its agents asking
+                           ``network: host``; found by ``agent_trust.py``, which sits above
+                           ``definitions``
 =========================  =================================================================
 
 (A ``[sandbox]`` table in ``orch.toml`` replaces the user's whole table, so a key it leaves

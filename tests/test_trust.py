@@ -315,7 +315,8 @@ def test_an_agent_file_weakening_a_bundled_agents_isolation_needs_trust(tmp_path
         ("[[bash_deny]]\npattern = '^npm publish'\nreason = 'x'\n", ["bash_deny"]),
         ("secret_env_patterns = ['*KEY*']\n", ["secret_env_patterns"]),
         ("extra_secret_env = ['MY_URL']\n", []),
-        ('[sandbox]\nimage = "x"\npool_size = 2\nmem_limit = "1g"\n', []),
+        ('[sandbox]\nimage = "x"\nmem_limit = "1g"\n', []),  # a lower limit: no trust
+        ('[sandbox]\nimage = "x"\npool_size = 2\nmem_limit = "1g"\n', ["sandbox.pool_size"]),
         ('[sandbox]\nos = "bwrap"\n', []),
         ('[sandbox]\nnetwork_mode = "bridge"\n', ["sandbox.network_mode"]),
         ('[sandbox]\ncap_drop = ["NET_RAW"]\n', ["sandbox.cap_drop"]),

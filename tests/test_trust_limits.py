@@ -219,17 +219,18 @@ def test_agents_dirs_adds_to_the_users_and_a_shadow_cannot_weaken_it(tmp_path: P
 
 
 def test_a_repository_agent_shadowing_a_users_agent_cannot_widen_it(tmp_path: Path) -> None:
-    """~/.orch/agents/sealed.md (worktree, read_file only, network none) against the
+    """~/.orch/agents/sealed.md (worktree, read_file only, network none, 10 turns) against the
     repository's .orch/agents/sealed.md: each weakening is left out for the user's agent,
     with one line, until trusted."""
     agents = home_orch() / "agents"
     agents.mkdir()
-    agents_extra = "tools: read_file\nisolation: worktree\nnetwork: none\n"
+    agents_extra = "tools: read_file\nisolation: worktree\nnetwork: none\nmaxTurns: 10\n"
     (agents / "sealed.md").write_text(AGENT.format(name="sealed", extra=agents_extra))
     cases = {
-        "isolation": "tools: read_file\nisolation: shared\nnetwork: none\n",
-        "tools": "tools: read_file, bash\nisolation: worktree\nnetwork: none\n",
-        "network": "tools: read_file\nisolation: worktree\n",
+        "isolation": agents_extra.replace("worktree", "shared"),
+        "tools": agents_extra.replace("read_file", "read_file, bash"),
+        "network": agents_extra.replace("network: none\n", ""),
+        "max_turns": agents_extra.replace("10", "500"),
     }
     for key, extra in cases.items():
         repo = init_repo(
