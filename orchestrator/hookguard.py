@@ -50,13 +50,18 @@ WHERE = "put the script outside every workspace (e.g. ~/.orch/hooks/) and name i
 
 
 def workspaces(workspace: Path) -> list[Path]:
-    """The directories an agent of this run (or of its chain) may write: the workspace and,
-    for a worktree (``<main>/.orch/worktrees/<id>``), the main checkout it came from."""
+    """The directories an agent of this run (or of its chain) may write: the workspace, the
+    checkout around it (the nearest directory up with a ``.git``: a run started in a
+    subdirectory has a sibling that writes all of it) and, for a worktree
+    (``<main>/.orch/worktrees/<id>``), the main checkout it came from."""
     roots = [Path(os.path.abspath(workspace))]
     for parent in roots[0].parents:
         if parent.name == "worktrees" and parent.parent.name == ".orch":
             roots.append(parent.parent.parent)
             break
+    top = next((p for p in [roots[0], *roots[0].parents] if os.path.lexists(p / ".git")), None)
+    if top is not None and top != Path("/"):
+        roots.append(top)
     with contextlib.suppress(OSError):
         roots += [r.resolve() for r in roots]
     return list(dict.fromkeys(roots))

@@ -215,6 +215,12 @@ def test_a_worktree_runs_hooks_may_not_name_the_main_checkout_either(tmp_path: P
     assert check("python3 scripts/x.py", worktree) is not None
 
 
+def test_a_run_in_a_subdirectory_may_not_name_the_rest_of_its_checkout(tmp_path: Path) -> None:
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "sub").mkdir()
+    assert check(f"python3 {tmp_path}/repo/scripts/x.py", tmp_path / "repo" / "sub") is not None
+
+
 def test_the_hook_environment_leads_into_no_workspace(ws: Path) -> None:
     env = {
         "PATH": f"{ws}/.venv/bin:/usr/bin:.:bin",
