@@ -4,8 +4,8 @@
 read agent files (that needs ``definitions`` and the tier order, which sit above ``config``).
 This module can: :func:`agent_floors` finds the repository's agent files that replace one of
 the user's or a bundled agent with a weaker isolation, :func:`load_trusted` hands them to
-``load_settings_with_trust`` so they join the same decision and hash, and :func:`guard` keeps
-an untrusted one at the isolation of the agent it replaces.
+``load_settings_with_trust`` so they join the same decision and hash, and :func:`guard` leaves
+an untrusted one out for the user's agent it would weaken.
 """
 
 from __future__ import annotations
@@ -28,42 +28,78 @@ def load_trusted(
     return load_settings_with_trust(root, overrides, cap=cap, agent_floors=agent_floors)
 
 
-def agent_floors(root: Path, repo: dict[str, Any]) -> list[AgentFloor]:
-    """The repository's agent files (the ``agents_dirs`` of its orch.toml ``repo``, then
-    ``.orch/agents``, ``.claude/agents``; first found wins, as in the catalog) that replace
-    one of the user's (``~/.orch/agents``) or a bundled agent of the same name with a weaker
-    isolation (none written counts as the weakest, ``shared``)."""
-    named = repo.get("agents_dirs")
-    dirs = [root / Path(str(d)).expanduser() for d in (named if isinstance(named, list) else [])]
-    dirs = [d for d in [*dirs, root / ".orch/agents", root / ".claude/agents"] if d.is_dir()]
-    if not dirs:  # the usual case: nothing to parse, nothing imported
-        return []
-    from .definitions import bundled_dir
+def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list[AgentFloor]:
+    """The repository's agent files that would weaken an agent of the user's, or ask for the
+    host's network.
+
+    The directories are taken in the catalog's order (the user's ``agents_dirs`` from
+    ``user``, the repository's from ``repo``, ``.orch/agents``, ``.claude/agents``,
+    ``~/.orch/agents``, bundled; the first file of a name wins). A directory is the
+    repository's when it lies inside ``root`` (whoever named it: the repository's files are
+    in it); the rest are the user's. A repository agent that wins over a user's (or bundled)
+    agent of the same name must not have a weaker isolation (none written is ``shared``),
+    a tool (or an agent it may start) the user's lacks, more turns, or another network."""
+
+    def named(settings: dict[str, Any]) -> list[Path]:
+        dirs = settings.get("agents_dirs")
+        return [root / Path(str(d)).expanduser() for d in (dirs if isinstance(dirs, list) else [])]
+
+    repo_dirs = [*named(repo), root / ".orch/agents", root / ".claude/agents"]
+    if not any(d.is_dir() for d in [*repo_dirs, *named(user)] if _inside(d, root)):
+        return []  # the usual case: nothing to parse, nothing imported
+    from .definitions import ORCH_TOOLS, bundled_dir
     from .workspaces.registry import TIER_NAMES, rank
 
-    theirs = _first_by_name(dirs)
-    if not theirs:
-        return []
     bundled = bundled_dir("agents")
-    ours = _first_by_name([Path.home() / ".orch/agents", *([bundled] if bundled else [])])
-    floors = []
-    for name, (path, d) in sorted(theirs.items()):
+    order = [*named(user), *repo_dirs, Path.home() / ".orch/agents"]
+    order += [bundled] if bundled else []
+    found = _by_name(order)
+    settings_turns = float("inf")  # an agent without maxTurns gets the settings' (any)
+    floors: list[AgentFloor] = []
+    for name, entries in sorted(found.items()):
+        path, d = entries[0]
+        if not _inside(path, root):
+            continue  # the user's (or bundled) agent wins
         if d.network == "host":  # the machine's network for this agent's commands
-            floors.append(AgentFloor(name, path, d.isolation, "", "", network=d.network))
-        if name not in ours:
+            floors.append(AgentFloor(name, path, "network", "host"))
+        mine = next(((p, u) for p, u in entries[1:] if not _inside(p, root)), None)
+        if mine is None:
             continue
-        replaced_path, replaced = ours[name]
-        floor = replaced.isolation or TIER_NAMES[0]
-        if rank(d.isolation or TIER_NAMES[0]) < rank(floor):
-            floors.append(AgentFloor(name, path, d.isolation, floor, str(replaced_path)))
+        theirs_path, u = mine
+        of_bundled = bundled is not None and theirs_path.parent == bundled
+        if rank(d.isolation or TIER_NAMES[0]) < rank(u.isolation or TIER_NAMES[0]):
+            floors.append(AgentFloor(name, path, "isolation", d.isolation, theirs_path, of_bundled))
+        if _more_tools(d, u):
+            tools = sorted(d.allowed_tools(list(ORCH_TOOLS)))
+            floors.append(AgentFloor(name, path, "tools", tools, theirs_path, of_bundled))
+        if (d.max_turns or settings_turns) > (u.max_turns or settings_turns):
+            floors.append(AgentFloor(name, path, "max_turns", d.max_turns, theirs_path, of_bundled))
+        if d.network != u.network and d.network != "host" and u.network == "none":
+            floors.append(AgentFloor(name, path, "network", d.network, theirs_path, of_bundled))
     return floors
 
 
-def _first_by_name(dirs: list[Path]) -> dict[str, tuple[Path, AgentDefinition]]:
-    """Like the catalog: each directory in turn; a name already found is kept."""
+def _more_tools(d: AgentDefinition, u: AgentDefinition) -> bool:
+    """``d`` may use a tool, or start an agent, that ``u`` may not."""
+    from .definitions import ORCH_TOOLS
+
+    if not set(d.allowed_tools(list(ORCH_TOOLS))) <= set(u.allowed_tools(list(ORCH_TOOLS))):
+        return True
+    return u.agents is not None and (d.agents is None or not set(d.agents) <= set(u.agents))
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root)
+    except OSError:
+        return True  # cannot tell: the repository's (its files get no say over the user's)
+
+
+def _by_name(dirs: list[Path]) -> dict[str, list[tuple[Path, AgentDefinition]]]:
+    """Like the catalog, each directory in turn, but every file of a name, first the winner."""
     from .definitions import agent_files, load_agent_file
 
-    found: dict[str, tuple[Path, AgentDefinition]] = {}
+    found: dict[str, list[tuple[Path, AgentDefinition]]] = {}
     seen: set[Path] = set()
     for directory in dirs:
         if not directory.is_dir() or directory.resolve() in seen:
@@ -77,29 +113,39 @@ def _first_by_name(dirs: list[Path]) -> dict[str, tuple[Path, AgentDefinition]]:
                 continue  # the catalog reports it
             if d.name not in here:
                 here.add(d.name)
-                found.setdefault(d.name, (path, d))
+                found.setdefault(d.name, []).append((path, d))
     return found
 
 
 def guard(trust: Trust, catalog: Catalog) -> Catalog:
-    """``catalog`` with each untrusted weakening agent file kept at the replaced isolation."""
+    """``catalog`` without what an untrusted repository's agent files would weaken: an agent
+    that weakens one of the user's is left out for the user's, one asking the host's network
+    loses it. Each says why in its warnings."""
     if trust.honoured:
         return catalog
+    from .definitions import load_agent_file
+
     for f in trust.floors:
         d = catalog.agents.get(f.name)
-        if d is not None and f.network and _same_file(d.source, f.path):
+        if d is None or not _same_file(d.source, f.path):
+            continue  # already replaced, or a --agents-dir of the user's wins
+        if f.replaces is None:
             note = "network 'host' left out: the repository is not trusted; see `orch trust --show`"
             catalog.agents[f.name] = d.model_copy(
                 update={"network": None, "warnings": [*d.warnings, note]}
             )
-        elif d is not None and _same_file(d.source, f.path):
-            note = (
-                f"isolation {d.isolation or 'shared'!r} raised to {f.floor!r} (that of "
-                f"{f.replaces}): the repository is not trusted; see `orch trust --show`"
-            )
-            catalog.agents[f.name] = d.model_copy(
-                update={"isolation": f.floor, "warnings": [*d.warnings, note]}
-            )
+            continue
+        source = f"bundled:{f.replaces.stem}" if f.bundled else None
+        try:
+            mine = load_agent_file(f.replaces, source)
+        except (OrchError, OSError):
+            del catalog.agents[f.name]  # it changed since: neither is used
+            continue
+        note = (
+            f"{f.path} left out: it would weaken this agent's {f.key} and the repository is not "
+            "trusted; see `orch trust --show`"
+        )
+        catalog.agents[f.name] = mine.model_copy(update={"warnings": [*mine.warnings, note]})
     return catalog
 
 

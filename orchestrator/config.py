@@ -29,6 +29,18 @@ from pydantic import (
 from .errors import UsageError
 from .trust import AgentFloor, Trust, TrustCap, gate
 
+# How a numeric setting may be changed by a repository the user has not trusted (trust.py
+# reads these marks; tests/test_trust_limits.py fails on a numeric setting left unmarked):
+# a limit ("max": a higher value allows more) is min(the repository's, the user's) until
+# trusted; anything else says why it is no limit.
+LIMIT: dict[str, Any] = {"limit": "max"}
+SIZE_LIMIT: dict[str, Any] = {"limit": "max", "unit": "size"}  # "512m", "2g"; -1: none
+ZERO_IS_NONE: dict[str, Any] = {"limit": "max", "unit": "zero_is_none"}  # 0: no limit
+
+
+def not_limit(why: str) -> dict[str, Any]:
+    return {"not_limit": why}
+
 
 def _valid_regex(pattern: str) -> str:
     try:
@@ -146,7 +158,7 @@ class HookCommand(BaseModel):
 
     command: str
     matcher: str = ".*"  # regex on the tool name (or agent name for Subagent* events)
-    timeout_s: float = 30.0
+    timeout_s: float = Field(default=30.0, json_schema_extra=not_limit("hooks are gated whole"))
 
     @field_validator("matcher")
     @classmethod
@@ -176,27 +188,35 @@ class SandboxSettings(BaseModel):
     cap_drop: list[str] = Field(default_factory=lambda: ["ALL"])
     security_opt: list[str] = Field(default_factory=lambda: ["no-new-privileges"])
     read_only: bool = True  # root filesystem; /tmp and $HOME are tmpfs
-    tmp_size: str = "512m"
+    tmp_size: str = Field(default="512m", json_schema_extra=SIZE_LIMIT)
     home: str = "/home/agent"
-    home_size: str = "256m"
-    workspace_size: str = "1g"  # /workspace is a tmpfs (counts against mem_limit)
-    pids_limit: int = Field(default=256, ge=16)
-    mem_limit: str = "2g"
-    memswap_limit: str | None = None  # None: equal to mem_limit (no swap)
-    cpus: float = Field(default=1.0, gt=0)
+    home_size: str = Field(default="256m", json_schema_extra=SIZE_LIMIT)
+    workspace_size: str = Field(
+        default="1g", json_schema_extra=SIZE_LIMIT
+    )  # /workspace is a tmpfs (counts against mem_limit)
+    pids_limit: int = Field(default=256, ge=16, json_schema_extra=LIMIT)
+    mem_limit: str = Field(default="2g", json_schema_extra=SIZE_LIMIT)
+    # None: equal to mem_limit (no swap)
+    memswap_limit: str | None = Field(default=None, json_schema_extra=SIZE_LIMIT)
+    cpus: float = Field(default=1.0, gt=0, json_schema_extra=LIMIT)
     init: bool = True
-    uid: int = Field(default=10001, ge=1)  # the sandbox user when orch runs as root
-    gid: int = Field(default=10001, ge=1)
+    # the sandbox user when orch runs as root
+    uid: int = Field(default=10001, ge=1, json_schema_extra=not_limit("any change is gated"))
+    gid: int = Field(default=10001, ge=1, json_schema_extra=not_limit("any change is gated"))
     user: str | None = None  # "uid:gid" override; never 0
     env_whitelist: list[str] = Field(
         default_factory=lambda: ["LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "NO_COLOR"]
     )
     path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     shell: str = "bash"
-    ttl_s: int = Field(default=6 * 3600, ge=10)  # the container's main process: sleep <ttl_s>
-    pool_size: int = Field(default=0, ge=0)
-    max_per_chain: int = Field(default=8, ge=1)  # live containers of one chain; more: refused
-    bundle_max_bytes: int = Field(default=1024**3, ge=1024)  # a run's work taken back, at most
+    ttl_s: int = Field(
+        default=6 * 3600, ge=10, json_schema_extra=LIMIT
+    )  # the container's main process: sleep <ttl_s>
+    pool_size: int = Field(default=0, ge=0, json_schema_extra=LIMIT)
+    # live containers of one chain; more: refused
+    max_per_chain: int = Field(default=8, ge=1, json_schema_extra=LIMIT)
+    # a run's work taken back, at most
+    bundle_max_bytes: int = Field(default=1024**3, ge=1024, json_schema_extra=LIMIT)
     # The host tiers (shared, worktree): bash under bubblewrap, or "off" (unsandboxed).
     os: Literal["bwrap", "off"] = "bwrap"
     # Which bwrap: "auto" (the system one where it works, else the bundled one), "system",
@@ -214,16 +234,22 @@ class SandboxSettings(BaseModel):
         return v
 
 
+_RAY = not_limit("the whole [ray] table is gated")
+
+
 class RaySettings(BaseModel):
     """``[ray]``: how runs executed on a Ray cluster ask for its resources (``executor``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     address: str | None = None  # None: RAY_ADDRESS, else "auto" (a cluster on this machine)
-    num_cpus: float = Field(default=1.0, ge=0)  # per run
-    memory_mb: int | None = Field(default=None, ge=1)  # per run; None: no reservation
-    slots: float = Field(default=1.0, gt=0)  # of the custom resource ``orch_slots`` a node has
-    cancel_grace_s: float = Field(default=30.0, ge=0)  # a cancelled run's time to end itself
+    num_cpus: float = Field(default=1.0, ge=0, json_schema_extra=_RAY)  # per run
+    # per run; None: no reservation
+    memory_mb: int | None = Field(default=None, ge=1, json_schema_extra=_RAY)
+    # of the custom resource ``orch_slots`` a node has
+    slots: float = Field(default=1.0, gt=0, json_schema_extra=_RAY)
+    # a cancelled run's time to end itself
+    cancel_grace_s: float = Field(default=30.0, ge=0, json_schema_extra=_RAY)
 
 
 class Settings(BaseModel):
@@ -237,38 +263,46 @@ class Settings(BaseModel):
             "haiku": "claude-haiku-4-5",
         }
     )
-    max_tokens: int = 8192
-    max_depth: int = Field(default=3, ge=0)
-    max_turns: int = Field(default=30, ge=1)
-    timeout_seconds: float | None = None  # per run; None: no limit
-    max_parallel_children: int = Field(default=20, ge=1)
+    max_tokens: int = Field(default=8192, json_schema_extra=LIMIT)
+    max_depth: int = Field(default=3, ge=0, json_schema_extra=LIMIT)
+    max_turns: int = Field(default=30, ge=1, json_schema_extra=LIMIT)
+    # per run; None: no limit
+    timeout_seconds: float | None = Field(default=None, json_schema_extra=LIMIT)
+    max_parallel_children: int = Field(default=20, ge=1, json_schema_extra=LIMIT)
     # Chain-wide budgets (the whole delegation tree): runs working at once (the rest wait
     # queued; a run waiting for its children does not count), runs in total, and tokens.
-    max_chain_running: int = Field(default=20, ge=1)
-    max_chain_runs: int = Field(default=500, ge=1)
+    max_chain_running: int = Field(default=20, ge=1, json_schema_extra=LIMIT)
+    max_chain_runs: int = Field(default=500, ge=1, json_schema_extra=LIMIT)
     # Input + output tokens of the whole tree: a ceiling for a runaway, above a big honest
     # job. A child re-sends its whole context each turn: ~10 turns on ~10k tokens ≈ 100k, so
     # 10M is ~100 such children (or 500 small ones of 20k); a runaway of 500 runs × 30 turns
     # could reach ~1.5 billion. README ("Limits") has the reasoning.
-    max_chain_tokens: int = Field(default=10_000_000, ge=1)
+    max_chain_tokens: int = Field(default=10_000_000, ge=1, json_schema_extra=LIMIT)
     # Conversations kept for `resume`, pruned this many days after their last save (0: none kept).
-    transcript_retention_days: float = Field(default=30, ge=0)
-    bash_timeout_s: float = 120.0
-    tool_timeout_s: float = 300.0  # any other tool call (bash: its own timeout + 15 s)
-    tool_output_limit: int = 50_000
-    max_read_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)  # one file tool read
-    child_output_limit: int = 32_000
+    transcript_retention_days: float = Field(
+        default=30, ge=0, json_schema_extra=not_limit("how long your own conversations are kept")
+    )
+    bash_timeout_s: float = Field(default=120.0, json_schema_extra=LIMIT)
+    # any other tool call (bash: its own timeout + 15 s)
+    tool_timeout_s: float = Field(default=300.0, json_schema_extra=LIMIT)
+    tool_output_limit: int = Field(default=50_000, json_schema_extra=LIMIT)
+    # one file tool read
+    max_read_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, json_schema_extra=LIMIT)
+    child_output_limit: int = Field(default=32_000, json_schema_extra=LIMIT)
     bash_deny: list[DenyRule] = Field(default_factory=lambda: list(DEFAULT_DENY))
     extra_bash_deny: list[DenyRule] = Field(default_factory=list)  # added to bash_deny
-    max_command_bytes: int = Field(default=100_000, ge=1)  # longer bash commands are refused
+    # longer bash commands are refused
+    max_command_bytes: int = Field(default=100_000, ge=1, json_schema_extra=LIMIT)
     secret_env_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_SECRET_PATTERNS))
     extra_secret_env: list[str] = Field(default_factory=list)
     hooks: Hooks = Field(default_factory=Hooks)
-    auto_background_after: float = 120.0  # seconds; 0 turns it off
-    stall_timeout: float = 600.0
+    auto_background_after: float = Field(  # seconds; 0 turns it off
+        default=120.0, json_schema_extra=not_limit("when a waiting parent goes on; no budget")
+    )
+    stall_timeout: float = Field(default=600.0, json_schema_extra=ZERO_IS_NONE)  # 0: none
     # The worker host of detached runs exits this long after its last run ended (0: at once);
     # ORCH_HOST_IDLE overrides it.
-    host_idle_seconds: float = Field(default=60.0, ge=0)
+    host_idle_seconds: float = Field(default=60.0, ge=0, json_schema_extra=LIMIT)
     # Host-tier commands: "none" (default) or "host" (the machine's network).
     network: Literal["none", "host"] = "none"
     extra_env: dict[str, str] = Field(default_factory=dict)  # given to sandboxed commands
@@ -341,7 +375,8 @@ def load_settings_with_trust(
     overrides: dict[str, Any] | None = None,
     *,
     cap: TrustCap | None = None,
-    agent_floors: Callable[[Path, dict[str, Any]], Sequence[AgentFloor]] | None = None,
+    agent_floors: Callable[[Path, dict[str, Any], dict[str, Any]], Sequence[AgentFloor]]
+    | None = None,
 ) -> tuple[Settings, Trust]:
     """The settings and the trust decision for ``project_root`` (``cap``: see ``TrustCap``).
 
@@ -365,8 +400,14 @@ def load_settings_with_trust(
         later["max_depth"] = env_depth
     later.update({k: v for k, v in (overrides or {}).items() if v is not None})
     _validated({**user, **repo, **later})  # every setting is checked, trusted or not
-    floors = agent_floors(project_root.resolve(), repo) if agent_floors and project_root else ()
+    if project_root is not None and agent_floors is not None:
+        floors = agent_floors(project_root.resolve(), user, repo)
+    else:
+        floors = ()
     kept, trust = gate(project_root, user, repo, _view, cap=cap, floors=floors)
+    if "agents_dirs" in kept:  # a repository's agents_dirs adds to the user's, never removes
+        mine = list(user.get("agents_dirs", []))
+        kept["agents_dirs"] = [*mine, *(d for d in kept["agents_dirs"] if d not in mine)]
     return _validated({**user, **kept, **later}), trust
 
 

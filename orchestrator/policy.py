@@ -13,7 +13,9 @@
   checks (``rm`` and ``git`` options in any spelling);
 - the environment child processes get: secrets scrubbed by name pattern;
 - PreToolUse / PostToolUse hooks (shell commands, event JSON on stdin; a hook
-  that times out or is cancelled loses its whole process group).
+  that times out or is cancelled loses its whole process group); a hook that would run
+  a file an agent could have written is refused and its run fails (``hookguard.py``), the
+  others run from a private empty directory, never the workspace.
 
 The deny list is a guardrail against careless commands and documents intent,
 not a sandbox: bubblewrap (host tiers) and the container are the boundaries.
@@ -35,6 +37,7 @@ from typing import Any
 
 from .commands import BUILTIN_CHECKS, command_words, pipelines
 from .config import DenyRule, HookCommand, Settings
+from .hookguard import HookRefused, hook_env, private_cwd, refusal
 
 DELEGATION_TOOLS = frozenset({"task", "task_output", "task_stop"})
 
@@ -202,42 +205,63 @@ async def run_hooks(
 
     Exit code 2 blocks (stderr, or stdout, is the reason). Any other non-zero
     exit is reported but does not block. A hook that hangs is killed at its timeout
-    and blocks, since its verdict is unknown.
+    and blocks, since its verdict is unknown. ``cwd`` is the run's workspace: the hook
+    runs from a private empty directory, and one that names a file in a workspace raises
+    :class:`HookRefused` (the run fails: a hook that cannot run never lets a call through).
     """
     for hook in hooks:
         if not re.search(hook.matcher, subject):
             continue
-        data = json.dumps({"hook_event_name": event, **payload}, default=str).encode()
-        proc = await asyncio.create_subprocess_shell(
-            hook.command,
-            cwd=cwd,
-            env=dict(env),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        finished = False
-        try:
-            async with asyncio.timeout(hook.timeout_s):
-                out, err = await proc.communicate(data)
-            finished = True
-        except TimeoutError:
-            return HookOutcome(True, f"{event} hook timed out after {hook.timeout_s:g}s")
-        finally:
-            if not finished:  # timed out or cancelled: the hook's whole process group goes
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                # wait() also waits for the pipes, which a process that left the group
-                # (setsid) may hold open: bounded, so a hook never hangs the run.
-                try:
-                    async with asyncio.timeout(2):
-                        await proc.wait()
-                except TimeoutError:
-                    transport = getattr(proc, "_transport", None)  # close the pipes ourselves
-                    if transport is not None:
-                        transport.close()
-        if proc.returncode == 2:
-            text = (err or out).decode(errors="replace").strip()
-            return HookOutcome(True, text or f"blocked by {event} hook")
+        with private_cwd(cwd) as here:
+            outcome = await _run_hook(hook, event, payload, cwd, here, env)
+        if outcome is not None:
+            return outcome
     return HookOutcome()
+
+
+async def _run_hook(
+    hook: HookCommand,
+    event: str,
+    payload: dict[str, Any],
+    workspace: Path,
+    here: Path,
+    env: Mapping[str, str],
+) -> HookOutcome | None:
+    """One hook run from ``here``: its outcome when it blocks, else None."""
+    environ = hook_env(env, workspace, here)
+    if (why := refusal(hook.command, workspace, environ)) is not None:
+        raise HookRefused(f"{event} {why}")
+    data = json.dumps({"hook_event_name": event, **payload}, default=str).encode()
+    proc = await asyncio.create_subprocess_shell(
+        hook.command,
+        cwd=here,
+        env=environ,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    finished = False
+    try:
+        async with asyncio.timeout(hook.timeout_s):
+            out, err = await proc.communicate(data)
+        finished = True
+    except TimeoutError:
+        return HookOutcome(True, f"{event} hook timed out after {hook.timeout_s:g}s")
+    finally:
+        if not finished:  # timed out or cancelled: the hook's whole process group goes
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            # wait() also waits for the pipes, which a process that left the group
+            # (setsid) may hold open: bounded, so a hook never hangs the run.
+            try:
+                async with asyncio.timeout(2):
+                    await proc.wait()
+            except TimeoutError:
+                transport = getattr(proc, "_transport", None)  # close the pipes ourselves
+                if transport is not None:
+                    transport.close()
+    if proc.returncode == 2:
+        text = (err or out).decode(errors="replace").strip()
+        return HookOutcome(True, text or f"blocked by {event} hook")
+    return None

@@ -379,17 +379,6 @@ class Runner:
     ) -> LoopOutcome:
         """The run under its limits: timeout, stall watchdog, hooks, and errors as outcomes."""
         record = ctx.record
-        if record.depth > 0 and self.settings.hooks.subagent_start:
-            started = await run_hooks(
-                self.settings.hooks.subagent_start,
-                "SubagentStart",
-                record.agent,
-                {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
-                cwd=ctx.hook_cwd,
-                env=ctx.env,
-            )
-            if started.blocked:
-                return LoopOutcome(RunStatus.FAILED, "", f"SubagentStart hook: {started.message}")
         loop = AgentRun(
             ctx,
             max_turns=int(record.options["max_turns"]),
@@ -400,7 +389,19 @@ class Runner:
         stall = asyncio.timeout(None)
         stalled: list[bool] = []
         watchdog = asyncio.create_task(self._watch_stall(ctx, stall, stalled))
-        try:
+        try:  # a hook refused (hookguard.HookRefused) is an OrchError: the run fails
+            if record.depth > 0 and self.settings.hooks.subagent_start:
+                started = await run_hooks(
+                    self.settings.hooks.subagent_start,
+                    "SubagentStart",
+                    record.agent,
+                    {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
+                    cwd=ctx.hook_cwd,
+                    env=ctx.env,
+                )
+                if started.blocked:
+                    why = f"SubagentStart hook: {started.message}"
+                    return LoopOutcome(RunStatus.FAILED, "", why)
             async with asyncio.timeout(timeout_seconds), stall:
                 if driver is not None:
                     return await driver.drive(record, self)

@@ -30,22 +30,34 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 ``sandbox.env_whitelist``  adds a variable name
 ``executor``, ``ray``      any change: runs (with the API key) would go to a cluster the
                            repository names
-``agents.NAME.isolation``  an agent file of the repository that replaces one of the user's
-                           (``~/.orch/agents``) or a bundled agent of the same name with a
-                           weaker ``isolation`` (written, or left out: ``shared``); found
-                           by ``agent_trust.py``, which sits above ``definitions``
+every limit                a numeric setting marked ``LIMIT`` in ``config.py`` (``max_depth``,
+                           ``max_chain_runs``, ``max_chain_tokens``, ``max_read_bytes``,
+                           ``sandbox.max_per_chain``, ``sandbox.bundle_max_bytes``, the
+                           timeouts, sizes...) set higher than the user's (None, or 0 where
+                           that means none, is the highest); found generically
+                           (:func:`limits`), so a new limit cannot be forgotten
+``agents.NAME.isolation``  an agent file of the repository (its ``.orch/agents``,
+``agents.NAME.tools``      ``.claude/agents``, ``agents_dirs``) that replaces one of the
+``agents.NAME.max_turns``  user's (``~/.orch/agents``, the user's ``agents_dirs``) or a bundled
+``agents.NAME.network``    agent of the same name with a weaker ``isolation`` (written, or
+                           left out: ``shared``), more tools (or agents it may start), more
+                           turns, or another network; and any of its agents asking
+                           ``network: host``; found by ``agent_trust.py``, which sits above
+                           ``definitions``
 =========================  =================================================================
 
 (A ``[sandbox]`` table in ``orch.toml`` replaces the user's whole table, so a key it leaves
 out counts as set to its default.) Until the user runs ``orch trust``, the gated settings are
 left out: a top-level key as if the repository had not set it, a ``sandbox`` key with the
-value it would have without the repository's file, an agent's isolation raised to that of the
-agent it replaces. Everything else of the repository's settings applies.
+value it would have without the repository's file (so a raised limit stays the user's: an
+untrusted repository can lower a limit, never raise it), and a repository agent that would
+weaken one of the user's is left out for the user's own. Everything else of the
+repository's settings applies.
 
-Deliberately not gated: ``agents_dirs`` itself (what its agent files could weaken is checked
-above), ``sandbox.image`` and the resource limits (pids, memory, cpus, sizes), ``model``,
-turn/depth/time limits, ``worktree_include`` (files of the repository itself): they steer what
-runs inside the sandbox, or how much of it, never what runs outside.
+Not gated: ``agents_dirs`` (a repository's list is added after the user's, never instead of
+it: ``config.py``; what its agent files could weaken is checked above), ``sandbox.image``,
+``model``, ``worktree_include`` (files of the repository itself): they steer what runs inside
+the sandbox, never what runs outside.
 
 ``orch trust`` records the repository (its resolved root) and the SHA-256 of the canonical
 JSON (sorted keys, no spaces, UTF-8) of exactly the gated settings (name → value as validated,
@@ -98,6 +110,50 @@ _GATED_KEYS = (
 )
 
 
+def limits(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Every field of ``model`` (and of its nested models) marked a limit: dotted name → unit
+    (``""``, ``"size"``, ``"zero_is_none"``). A higher value allows more."""
+    found: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("limit") == "max":
+            found[prefix + name] = str(extra.get("unit", ""))
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            found |= limits(info.annotation, f"{prefix}{name}.")
+    return found
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _amount(value: Any, unit: str, other: Any = None) -> float:
+    """A limit's value as a number; no limit is infinity, and so is one it cannot read."""
+    if value is None:
+        return _amount(other, unit) if unit == "size" and other is not None else float("inf")
+    if unit == "size":
+        m = _SIZE.match(str(value))
+        return float(m.group(1)) * _UNITS[m.group(2).lower()] if m else float("inf")
+    number = float(value)
+    return float("inf") if unit == "zero_is_none" and number <= 0 else number
+
+
+def _raises(theirs: Any, base: Any, name: str, unit: str) -> tuple[Any, bool]:
+    """The repository's value of the limit ``name``, and whether it is above the user's."""
+
+    def get(settings: Any, dotted: str) -> Any:
+        for part in dotted.split("."):
+            settings = getattr(settings, part)
+        return settings
+
+    t, b = get(theirs, name), get(base, name)
+    if name == "sandbox.memswap_limit":  # None: equal to mem_limit
+        t_other, b_other = theirs.sandbox.mem_limit, base.sandbox.mem_limit
+    else:
+        t_other = b_other = None
+    return t, _amount(t, unit, t_other) > _amount(b, unit, b_other)
+
+
 def trust_file() -> Path:
     """The user's trust store: ``~/.orch/trusted.json``."""
     return Path.home() / ".orch" / TRUST_FILE
@@ -113,14 +169,18 @@ class TrustCap:
 
 @dataclass(frozen=True)
 class AgentFloor:
-    """A repository's agent file whose isolation is weaker than the agent it replaces."""
+    """A repository's agent file that weakens what it replaces, or asks the host's network.
+
+    ``key`` is what it weakens (``isolation``, ``tools`` or ``network``) and ``value`` its
+    own value of that; ``replaces`` the file of the user's (or bundled) agent it replaces,
+    or None for an agent of the repository's own that asks ``network: host``."""
 
     name: str
     path: Path
-    isolation: str | None  # as the repository's file says (None: shared)
-    floor: str  # the isolation of the agent it replaces
-    replaces: str  # that agent's source
-    network: str | None = None  # set: the entry is about the file asking this network instead
+    key: str
+    value: Any
+    replaces: Path | None = None
+    bundled: bool = False  # ``replaces`` is a bundled agent
 
 
 @dataclass(frozen=True)
@@ -187,15 +247,21 @@ def gate(
     if root is None:
         return repo, Trust()
     root = root.resolve()
-    base = view({k: user[k] for k in _GATED_KEYS if k in user}) or view({})
-    theirs = view({k: repo[k] for k in _GATED_KEYS if k in repo})
+    bounds = limits(type(view({})))
+    keys = dict.fromkeys([*_GATED_KEYS, *(name.split(".")[0] for name in bounds)])
+    base = view({k: user[k] for k in keys if k in user}) or view({})
+    theirs = view({k: repo[k] for k in keys if k in repo})
     if theirs is None:  # cannot be compared: every gated key it sets is gated (fail closed)
-        relevant = {k: _jsonable(repo[k]) for k in _GATED_KEYS if k in repo}
+        relevant = {k: _jsonable(repo[k]) for k in keys if k in repo}
     else:
         relevant = _weaker(theirs, base, set(repo))
+        for name, unit in bounds.items():
+            if name.split(".")[0] in repo:
+                value, raised = _raises(theirs, base, name, unit)
+                if raised:
+                    relevant[name] = _jsonable(value)
     for f in floors:
-        key, value = ("network", f.network) if f.network else ("isolation", f.isolation)
-        relevant[f"agents.{f.name}.{key}"] = {"file": _shown_path(f.path, root), key: value}
+        relevant[f"agents.{f.name}.{f.key}"] = {"file": _shown_path(f.path, root), f.key: f.value}
     if not relevant:
         return repo, Trust(root=root)
     digest = digest_of(relevant)

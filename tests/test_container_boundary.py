@@ -378,10 +378,14 @@ def test_hooks_of_a_container_run_run_in_the_users_checkout(
         {"tool_calls": [bash("echo hi")]},
         {"text": "done"},
     ]}]}  # fmt: skip
-    hook = {"matcher": "^bash$", "command": f"pwd > {seen}; cat > {seen}.json"}
+    hook = {
+        "matcher": "^bash$",
+        "command": f"pwd > {seen}; printenv ORCH_PROJECT_DIR >> {seen}; cat > {seen}.json",
+    }
     h = harness(repo, script, sandbox=SandboxSettings(image=sandbox_image),
                 hooks={"PreToolUse": [hook]})  # fmt: skip
     rec = h.run("hooked", isolation="container")
     assert rec.status == RunStatus.SUCCEEDED, rec.error
-    assert seen.read_text().strip() == str(repo)  # never a tree the sandbox writes
+    cwd, project = seen.read_text().splitlines()  # a private empty directory, and
+    assert Path(cwd).name.startswith("orch-hook-") and project == str(repo)  # the checkout
     assert json.loads(Path(f"{seen}.json").read_text())["cwd"] == str(repo)

@@ -350,6 +350,12 @@ async def _still_alive(pid: int) -> bool:
     return True
 
 
+def _workspace(tmp_path: Path) -> Path:
+    """A run's workspace apart from the hook's files (a hook never names a file in one)."""
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    return tmp_path / "ws"
+
+
 @pytest.mark.parametrize(
     "command",
     ["sleep 30 & echo $! > {pidfile}; wait", "sleep 30 & echo $! > {pidfile}"],
@@ -361,7 +367,7 @@ def test_hook_timeout_kills_its_process_group(tmp_path: Path, command: str) -> N
 
     async def main() -> tuple[str, bool]:
         outcome = await run_hooks(
-            hooks, "PreToolUse", "bash", {}, cwd=tmp_path, env=dict(os.environ)
+            hooks, "PreToolUse", "bash", {}, cwd=_workspace(tmp_path), env=dict(os.environ)
         )
         return outcome.message, await _still_alive(int(pidfile.read_text()))
 
@@ -381,7 +387,9 @@ def test_hook_whose_child_leaves_the_group_cannot_hang_the_run(tmp_path: Path) -
     started = time.monotonic()
     try:
         outcome = asyncio.run(
-            run_hooks(hooks, "PreToolUse", "bash", {}, cwd=tmp_path, env=dict(os.environ))
+            run_hooks(
+                hooks, "PreToolUse", "bash", {}, cwd=_workspace(tmp_path), env=dict(os.environ)
+            )
         )
         assert outcome.blocked and "timed out" in outcome.message
         assert time.monotonic() - started < 10

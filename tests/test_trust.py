@@ -274,9 +274,12 @@ def test_an_agent_file_weakening_a_bundled_agents_isolation_needs_trust(tmp_path
         },
     )
     data = show(repo)
-    assert data["settings"] == {
-        "agents.writer.isolation": {"file": ".orch/agents/writer.md", "isolation": None}
+    # no isolation (shared), and no tools line (all, task too): weaker both ways
+    assert data["settings"]["agents.writer.isolation"] == {
+        "file": ".orch/agents/writer.md",
+        "isolation": None,
     }
+    assert set(data["settings"]) == {"agents.writer.isolation", "agents.writer.tools"}
     shown = orch("agents", "show", "writer", "--json", cwd=repo)
     assert json.loads(shown.stdout)["isolation"] == "worktree"
     assert "agents.writer.isolation" in notice_lines(shown.stderr)[0]
@@ -312,7 +315,8 @@ def test_an_agent_file_weakening_a_bundled_agents_isolation_needs_trust(tmp_path
         ("[[bash_deny]]\npattern = '^npm publish'\nreason = 'x'\n", ["bash_deny"]),
         ("secret_env_patterns = ['*KEY*']\n", ["secret_env_patterns"]),
         ("extra_secret_env = ['MY_URL']\n", []),
-        ('[sandbox]\nimage = "x"\npool_size = 2\nmem_limit = "1g"\n', []),
+        ('[sandbox]\nimage = "x"\nmem_limit = "1g"\n', []),  # a lower limit: no trust
+        ('[sandbox]\nimage = "x"\npool_size = 2\nmem_limit = "1g"\n', ["sandbox.pool_size"]),
         ('[sandbox]\nos = "bwrap"\n', []),
         ('[sandbox]\nnetwork_mode = "bridge"\n', ["sandbox.network_mode"]),
         ('[sandbox]\ncap_drop = ["NET_RAW"]\n', ["sandbox.cap_drop"]),

@@ -95,7 +95,7 @@ class FileRead:
 class Runtime(Protocol):
     """Execution inside a workspace. Paths are relative to the workspace root."""
 
-    root: Path  # where the workspace is on the host (shown to the model, cwd of hooks)
+    root: Path  # where the workspace is on the host (shown to the model and to hooks)
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
