@@ -257,6 +257,7 @@ class Server:
         pid = os.fork()
         if pid == 0:  # the command holds nothing of the warm process's
             signal.set_wakeup_fd(-1)
+            self.sel.close()  # its epoll watches the listener and the other callers
             self.listener.close()
             for other in self.buffers:
                 other.close()

@@ -7,6 +7,7 @@ exit status and signals. Processes in other namespaces (a sandbox) are refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -433,3 +434,30 @@ print("GOT", relay.run(["ps"]), relay.pidfd)
     r = subprocess.run([sys.executable, "-c", code], cwd=w.repo, env=w.env, capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert r.stdout.strip() == "GOT None None", (r.stdout, r.stderr)
+
+
+def _watched(pid: int) -> set[str]:
+    """The inodes (hex) every epoll descriptor of ``pid`` watches (``fdinfo``'s ``tfd``)."""
+    inodes = set()
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                if line.startswith("tfd:") and " ino:" in line:
+                    inodes.add(line.split(" ino:")[1].split()[0])
+    return inodes
+
+
+def test_a_command_holds_no_descriptor_of_the_warm_process(w: Warm) -> None:
+    zygote = w.started()
+    proc, pid = _sleeping_run(w)
+    try:
+        assert _parent(pid) == zygote
+        server = {os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
+        mine = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        shared = {t for t in server & mine if t.startswith(("socket:", "pipe:", "/"))}
+        assert shared <= {os.devnull}, shared  # not its listener, lock, pipe or callers
+        listener = {f"{int(t[8:-1]):x}" for t in server if t.startswith("socket:")}
+        assert not _watched(pid) & listener  # nor its epoll, which watches the listener
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
