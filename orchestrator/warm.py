@@ -14,12 +14,13 @@ as before, and then (at its exit) starts a warm process for the next one (which 
 ``KEY.failed`` saying why, and commands of that key run alone without trying again.
 
 What a command sees is what it would see in its own process: the environment is the
-same by construction (its digest, with the umask, the Python, ``sys.path``, the size
-and mtime of every orch source file, the installed distributions, and what a process
-inherits besides (ids, groups, limits, priority, cgroup, CPUs, interpreter flags), names
-the socket: any difference means another warm process), the working directory and standard streams
-are the caller's own, and the warm process itself never starts a thread or an event
-loop, so a fork copies no held lock.
+caller's own (sent whole, and the only one the command has), the warm process is
+compatible by construction (the digest of the environment, the umask, the Python,
+``sys.path``, the size and mtime of every orch source file, the installed distributions,
+and what a process inherits besides (ids, groups, limits, priority, cgroup, CPUs,
+interpreter flags) names the socket: any difference means another warm process), the
+working directory and standard streams are the caller's own, and the warm process itself
+never starts a thread or an event loop, so a fork copies no held lock.
 
 Trust: the socket and its lock live in ``~/.orch/warm`` (mode 0700; ``~/.orch`` is
 hidden from host-tier sandboxes). A connection is served only when its peer has our uid
