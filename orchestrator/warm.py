@@ -27,12 +27,13 @@ hidden from host-tier sandboxes). A connection is served only when its peer has 
 and our mount, pid, network and user namespaces (``SO_PEERCRED`` and ``/proc``): a
 process inside a sandbox is refused even where it could reach the socket, and so is one
 that differs from the warm process in what a process inherits besides its environment
-(limits, umask, groups, capabilities, ``no_new_privs``, seccomp, cgroup, priority: read
-from ``/proc``, never taken from the message). The message carries argv and the caller's
-whole environment, and the command runs with that environment, never the warm process's:
-the socket's name (a digest) only picks a compatible warm process and grants nothing. A
-caller without the API key runs its command without it; one inside an agent's chain
-(``ORCH_PARENT_RUN_ID``...) stays in that chain, at its depth, under its budgets.
+(limits, umask, groups, capabilities, ``no_new_privs``, seccomp, cgroup, OOM score,
+priority, scheduling policy: read from ``/proc``, never taken from the message). The
+message carries argv and the caller's whole environment, and the command runs with that
+environment, never the warm process's: the socket's name (a digest) only picks a
+compatible warm process and grants nothing. A caller without the API key runs its command
+without it; one inside an agent's chain (``ORCH_PARENT_RUN_ID``...) stays in that chain,
+at its depth, under its budgets.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def _stamp(path: str, out: list[tuple[str, int, int]], depth: int = 0) -> None:
 def inherited(pid: int | str) -> list[object]:
     """What process ``pid`` (or ``"self"``) passes on to a command besides its environment,
     as the kernel tells it: ids, groups, umask, capabilities, ``no_new_privs``, seccomp,
-    CPUs and memory nodes, limits, cgroup, priority. OSError when it cannot be read."""
+    CPUs and memory nodes, limits, cgroup, OOM score, priority and scheduling policy.
+    OSError when it cannot be read."""
     status = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")
@@ -114,8 +116,10 @@ def inherited(pid: int | str) -> list[object]:
             status[name] = value.split()
     limits = Path(f"/proc/{pid}/limits").read_text()
     cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-    priority = os.getpriority(os.PRIO_PROCESS, 0 if pid == "self" else int(pid))
-    return [sorted(status.items()), limits, cgroup, priority]
+    oom = Path(f"/proc/{pid}/oom_score_adj").read_text()
+    number = 0 if pid == "self" else int(pid)
+    scheduling = [os.getpriority(os.PRIO_PROCESS, number), os.sched_getscheduler(number)]
+    return [sorted(status.items()), limits, cgroup, oom, scheduling]
 
 
 def _process() -> list[object]:

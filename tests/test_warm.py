@@ -417,17 +417,26 @@ def test_the_warm_process_gives_a_caller_nothing_it_lacks(w: Warm) -> None:
         assert w.pids() == [zygote]
 
 
-def test_a_caller_with_tighter_limits_is_refused(w: Warm) -> None:
-    """A process that lowered its own hard limit (or set no_new_privs) cannot get the
-    warm process's looser ones: it is refused, and runs its command itself."""
+TIGHTER = {
+    "limit": "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), min(hard, 256)))",
+    "nice": "os.nice(5)",
+    "oom": "Path('/proc/self/oom_score_adj').write_text('500')",
+}
+
+
+@pytest.mark.parametrize("how", sorted(TIGHTER))
+def test_a_caller_with_tighter_limits_is_refused(w: Warm, how: str) -> None:
+    """A process that tightened what it passes on (a lower hard limit, a higher nice
+    value or OOM score: none of which it could undo) cannot get the warm process's looser
+    ones: it is refused, and runs its command itself."""
     w.started()
     [path] = w.sockets()
     code = f"""
-import ctypes, resource
+import os, resource
 from pathlib import Path
 from orchestrator import warm
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), min(hard, 256)))
+{TIGHTER[how]}
 relay = warm._Relay(warm._connect(Path({str(path)!r})))
 print("GOT", relay.run(["ps"]), relay.pidfd)
 """
