@@ -11,10 +11,14 @@ The lock (``flock``) is held by the living host: a launcher that finds nobody an
 and takes the lock knows no host lives (a socket file left is stale), starts one and
 hands it the lock and its run on the command line; it returns at once, as it did with a
 worker of its own. Racing launchers find the lock taken and wait for the new host to
-answer. A handoff to a running host is one JSON line each way: ``{"run_id": ...}``, then
-``{"ok": true, "pid": ...}`` or ``{"ok": false, "error": ...}``; both ends check the
-other's uid (``SO_PEERCRED``). :func:`hand_to_host` returns the owner's pid, or raises
-HostUnavailable and the caller starts a worker of the run's own (``background.py``).
+answer. A handoff to a running host is one JSON line each way: ``{"run_id": ..., "env":
+...}``, then ``{"ok": true, "pid": ...}`` or ``{"ok": false, "error": ...}``; both ends
+check the other's uid (``SO_PEERCRED``). ``env`` is the launcher's whole environment: the
+host runs every run in its own environment, so it takes only a run whose launcher's
+environment is exactly its own (the socket's name, a digest anyone may read, grants
+nothing): a launcher without the API key, or with other settings, gets a worker of its
+own. :func:`hand_to_host` returns the owner's pid, or raises HostUnavailable and the
+caller starts a worker of the run's own (``background.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .warm import address, peer, try_lock
 
 START_TIMEOUT_S = 20.0  # racing launchers wait this long for a starting host to answer
 REPLY_TIMEOUT_S = 30.0  # the host builds the run's engine before it answers
-MAX_LINE = 4096
+MAX_LINE = 512 * 1024  # a handoff carries the launcher's environment
 VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})  # differ per shell, unused by runs
 CODE = Path(__file__).resolve().parent
 
@@ -73,6 +77,11 @@ def store_setting(project_root: Path) -> str | None:
     from .agent_trust import load_trusted
 
     return load_trusted(project_root)[0].store
+
+
+def comparable_env(env: dict[str, str]) -> dict[str, str]:
+    """An environment as a host compares it with its own: without the shell's volatile names."""
+    return {k: v for k, v in env.items() if k not in VOLATILE_ENV}
 
 
 def env_key(store: str | None = None) -> str:
@@ -143,7 +152,7 @@ def ask(
 
 
 def _handoff(sock_path: Path, run_id: str) -> int:
-    reply = ask(sock_path, {"run_id": run_id})
+    reply = ask(sock_path, {"run_id": run_id, "env": host_env()})
     pid = reply.get("pid")
     if reply.get("ok") is not True or not isinstance(pid, int):
         raise HostUnavailable(f"the worker host refused the run: {reply.get('error')}")

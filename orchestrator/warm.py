@@ -14,18 +14,26 @@ as before, and then (at its exit) starts a warm process for the next one (which 
 ``KEY.failed`` saying why, and commands of that key run alone without trying again.
 
 What a command sees is what it would see in its own process: the environment is the
-same by construction (its digest, with the umask, the Python, ``sys.path``, the size
-and mtime of every orch source file, the installed distributions, and what a process
-inherits besides (ids, groups, limits, priority, cgroup, CPUs, interpreter flags), names
-the socket: any difference means another warm process), the working directory and standard streams
-are the caller's own, and the warm process itself never starts a thread or an event
-loop, so a fork copies no held lock.
+caller's own (sent whole, and the only one the command has), the warm process is
+compatible by construction (the digest of the environment, the umask, the Python,
+``sys.path``, the size and mtime of every orch source file, the installed distributions,
+and what a process inherits besides (ids, groups, limits, priority, cgroup, CPUs,
+interpreter flags) names the socket: any difference means another warm process), the
+working directory and standard streams are the caller's own, and the warm process itself
+never starts a thread or an event loop, so a fork copies no held lock.
 
 Trust: the socket and its lock live in ``~/.orch/warm`` (mode 0700; ``~/.orch`` is
 hidden from host-tier sandboxes). A connection is served only when its peer has our uid
 and our mount, pid, network and user namespaces (``SO_PEERCRED`` and ``/proc``): a
-process inside a sandbox is refused even where it could reach the socket. The message
-carries argv and the shell's volatile variables (``PWD``...), never an environment.
+process inside a sandbox is refused even where it could reach the socket, and so is one
+that differs from the warm process in what a process inherits besides its environment
+(limits, umask, groups, capabilities, ``no_new_privs``, seccomp, cgroup, OOM score,
+priority, scheduling policy: read from ``/proc``, never taken from the message). The
+message carries argv and the caller's whole environment, and the command runs with that
+environment, never the warm process's: the socket's name (a digest) only picks a
+compatible warm process and grants nothing. A caller without the API key runs its command
+without it; one inside an agent's chain (``ORCH_PARENT_RUN_ID``...) stays in that chain,
+at its depth, under its budgets.
 """
 
 from __future__ import annotations
@@ -54,6 +62,10 @@ RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.
 REPLY_TIMEOUT_S = 15.0  # to the fork; past it the caller says which pid to end
 FAILED_FOR_S = 24 * 3600.0
 NAMESPACES = ("mnt", "pid", "net", "user")
+INHERITED_STATUS = frozenset(
+    ("Uid", "Gid", "Groups", "Umask", "NoNewPrivs", "Seccomp", "Seccomp_filters", "CapInh")
+    + ("CapPrm", "CapEff", "CapBnd", "CapAmb", "Cpus_allowed_list", "Mems_allowed_list")
+)
 MAX_MESSAGE = 256 * 1024
 CODE = Path(__file__).resolve().parent
 _INSTALLED = (".dist-info", ".egg-info", ".egg-link", ".pth")
@@ -92,20 +104,32 @@ def _stamp(path: str, out: list[tuple[str, int, int]], depth: int = 0) -> None:
                 out.append((e.path, st.st_size, st.st_mtime_ns))
 
 
-def _process() -> list[object]:
-    """What a process inherits besides its environment: ids, groups, limits, priority,
-    cgroup, CPUs, and the interpreter's flags."""
-    import resource
+def inherited(pid: int | str) -> list[object]:
+    """What process ``pid`` (or ``"self"``) passes on to a command besides its environment,
+    as the kernel tells it: ids, groups, umask, capabilities, ``no_new_privs``, seccomp,
+    CPUs and memory nodes, limits, cgroup, OOM score, priority and scheduling policy.
+    OSError when it cannot be read."""
+    status = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in INHERITED_STATUS:
+            status[name] = value.split()
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+    oom = Path(f"/proc/{pid}/oom_score_adj").read_text()
+    number = 0 if pid == "self" else int(pid)
+    scheduling = [os.getpriority(os.PRIO_PROCESS, number), os.sched_getscheduler(number)]
+    return [sorted(status.items()), limits, cgroup, oom, scheduling]
 
-    limits = [resource.getrlimit(getattr(resource, n)) for n in dir(resource)
-              if n.startswith("RLIMIT_")]  # fmt: skip
+
+def _process() -> list[object]:
+    """What a process inherits besides its environment (:func:`inherited`), and the
+    interpreter's flags."""
     try:
-        cgroup = Path("/proc/self/cgroup").read_text()
+        kernel = inherited("self")
     except OSError:
-        cgroup = "?"
-    return [os.getuid(), os.getgid(), os.geteuid(), sorted(os.getgroups()), limits,
-            os.getpriority(os.PRIO_PROCESS, 0), cgroup, sorted(os.sched_getaffinity(0)),
-            list(sys.flags), sorted(map(str, sys._xoptions.items()))]  # fmt: skip
+        kernel = ["?"]
+    return [kernel, list(sys.flags), sorted(map(str, sys._xoptions.items()))]
 
 
 def key() -> str:
@@ -159,6 +183,12 @@ def peer(sock: Any) -> tuple[int, int, int]:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return pid, uid, gid
+
+
+def environment() -> list[list[str]]:
+    """This process's whole environment as the warm process gets it: the bytes of each
+    name and value, decoded as Latin-1 (so that any byte string survives JSON)."""
+    return [[k.decode("latin-1"), v.decode("latin-1")] for k, v in os.environb.items()]
 
 
 def _namespaces(pid: int | str) -> list[str]:
@@ -332,7 +362,7 @@ class _Relay:
                 os.close(self.pidfd)
 
     def _run(self, argv: list[str], ignored: list[int]) -> int | None:
-        env = {name: os.environ[name] for name in VOLATILE_ENV if name in os.environ}
+        env = environment()
         main_package = getattr(sys.modules.get("__main__"), "__package__", None)
         argv0 = sys.argv[0] if sys.argv else "orch"
         message = {"argv": argv, "env": env, "argv0": argv0, "package": main_package,

@@ -1,11 +1,11 @@
 """The warm process itself (see ``warm.py``): import everything once, fork per command.
 
 One thread, no event loop: a ``selectors`` loop over the listening socket, the callers of
-live commands and a self-pipe for ``SIGCHLD``. Per command: check the peer, take its argv
-and four descriptors (working directory, stdin, stdout, stderr), fork; the child becomes
-the command (``cli.main.main`` with those), the parent answers ``{"pid": ...}``, relays
-the caller's signals to the child's process group, and answers ``{"exit": n}`` or
-``{"signal": n}`` when it is reaped. A caller
+live commands and a self-pipe for ``SIGCHLD``. Per command: check the peer, take its argv,
+its environment and four descriptors (working directory, stdin, stdout, stderr), fork; the
+child becomes the command (``cli.main.main`` with those, in the caller's environment),
+the parent answers ``{"pid": ...}``, relays the caller's signals to the child's process
+group, and answers ``{"exit": n}`` or ``{"signal": n}`` when it is reaped. A caller
 that hangs up takes its command with it (``SIGTERM``, as a terminal's end would). The
 process exits ``ORCH_WARM_IDLE`` seconds after its last command, removing its socket.
 """
@@ -33,11 +33,11 @@ from typing import Any
 from .warm import (
     MAX_MESSAGE,
     RELAYED,
-    VOLATILE_ENV,
     _namespaces,
     _send,
     address,
     idle_seconds,
+    inherited,
     peer,
     warm_dir,
 )
@@ -47,11 +47,11 @@ ACCEPT_TIMEOUT_S = 2.0  # a caller sends its command right after connecting
 
 @dataclass(frozen=True)
 class Command:
-    """What a caller asks for: its argv, its shell's volatile variables, and how it was
+    """What a caller asks for: its argv, its whole environment (bytes), and how it was
     started (``argv[0]`` and ``__main__``'s package: click names the program from them)."""
 
     argv: list[str]
-    env: dict[str, str]
+    env: dict[bytes, bytes]
     argv0: str
     package: str | None
     ignored: list[int]
@@ -87,10 +87,7 @@ def _child(conn: socket.socket, fds: list[int], command: Command) -> None:
             os.dup2(fd, target)
         for fd in fds:
             os.close(fd)
-        os.environ.update(command.env)
-        for name in VOLATILE_ENV:
-            if name not in command.env:
-                os.environ.pop(name, None)
+        adopt_environment(command.env)
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
         sys.stdout = _writer(1, sys.stdout)
         sys.stderr = _writer(2, sys.stderr)
@@ -114,6 +111,22 @@ def _child(conn: socket.socket, fds: list[int], command: Command) -> None:
     os._exit(0)
 
 
+def adopt_environment(env: dict[bytes, bytes]) -> None:
+    """The caller's environment becomes the command's, whole: nothing of the warm
+    process's stays (its API key, its chain). What the warm process derived from its own
+    environment is derived again: the temporary directory (``TMPDIR``) and the cached bwrap
+    choice (``ORCH_BWRAP``, ``PATH``); everything else orch reads from the environment it
+    reads when a command asks (the consoles are made after this)."""
+    import tempfile
+
+    from .bwrapfind import forget
+
+    os.environb.clear()
+    os.environb.update(env)
+    tempfile.tempdir = None
+    forget()
+
+
 def _writer(fd: int, like: Any) -> io.TextIOWrapper:
     """A standard stream on ``fd`` as Python makes one at start-up (line-buffered on a
     terminal), with the encoding and error handler it gave ``like`` in this environment."""
@@ -134,6 +147,7 @@ class Server:
         self.last = time.monotonic()
         self.stopped = False
         self.mine = _namespaces("self")
+        self.inherits = inherited("self")  # what a fork passes on besides the environment
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -192,6 +206,8 @@ class Server:
             pid, uid, _ = peer(conn)
             if uid != os.getuid() or _namespaces(pid) != self.mine:
                 refused = "refused: not a process of this user outside sandboxes"
+            elif inherited(pid) != self.inherits:  # its limits, groups, no_new_privs...
+                refused = "refused: the caller's limits, groups or privileges are not ours"
         except OSError:
             refused = "refused: the caller could not be checked"
         deadline = time.monotonic() + ACCEPT_TIMEOUT_S  # for the whole message
@@ -227,14 +243,11 @@ class Server:
         message = json.loads(data) if data.strip() else None
         if not isinstance(message, dict):
             raise ValueError("not a command")
-        argv, env = message.get("argv"), message.get("env", {})
+        argv, pairs = message.get("argv"), message.get("env")
         argv0, package = message.get("argv0", "orch"), message.get("package")
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv must be a list of strings")
-        if not isinstance(env, dict) or not all(
-            k in VOLATILE_ENV and isinstance(v, str) for k, v in env.items()
-        ):
-            raise ValueError("only the shell's volatile variables may be passed")
+        env = _environment(pairs)
         if not isinstance(argv0, str) or not (package is None or isinstance(package, str)):
             raise ValueError("argv0 and package must be strings")
         ignored = message.get("ignored", [])
@@ -246,6 +259,7 @@ class Server:
         pid = os.fork()
         if pid == 0:  # the command holds nothing of the warm process's
             signal.set_wakeup_fd(-1)
+            self.sel.close()  # its epoll watches the listener and the other callers
             self.listener.close()
             for other in self.buffers:
                 other.close()
@@ -301,6 +315,26 @@ class Server:
             self.buffers.pop(conn, None)
             conn.close()
             self.last = time.monotonic()
+
+
+def _environment(pairs: object) -> dict[bytes, bytes]:
+    """The caller's environment from its message: [name, value] pairs of Latin-1 strings."""
+    if not isinstance(pairs, list):
+        raise ValueError("the caller's environment is missing")
+    env: dict[bytes, bytes] = {}
+    for pair in pairs:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError("the environment must be [name, value] pairs of strings")
+        if not all(isinstance(x, str) for x in pair):
+            raise ValueError("the environment must be [name, value] pairs of strings")
+        try:
+            name, value = (x.encode("latin-1") for x in pair)
+        except UnicodeEncodeError:
+            raise ValueError("the environment must be Latin-1 decoded bytes") from None
+        if not name or b"=" in name or b"\0" in name or b"\0" in value:
+            raise ValueError("not an environment variable name or value")
+        env[name] = value
+    return env
 
 
 def _drop(conn: socket.socket, fds: list[int], error: str | None = None) -> None:

@@ -7,9 +7,12 @@ start time), one :class:`~orchestrator.background.Supervisor` beats the heartbea
 all its runs and obeys ``orch cancel``, and if the host dies, the next command's
 reconcile ends its runs ``interrupted``, as for a worker of its own.
 
-A handoff is refused unless it comes from the same uid (``SO_PEERCRED``) and names a
-run of this store that is a queued background root still owned by the peer that asks
-(the launcher that just queued it); nothing else is ever read from the socket.
+A handoff is refused unless it comes from the same uid (``SO_PEERCRED``), carries the
+launcher's environment, that environment and what else the launcher would pass on (limits,
+groups, umask, ``no_new_privs``..., read from ``/proc``) are the host's own (every run here
+sees the host's: a launcher without the API key, or with tighter limits, gets a worker of
+its own instead), and names a run of this store that is a queued background root still
+owned by the peer that asks (the launcher that just queued it).
 
 Engines: runs whose project, launch options (model, agent dirs, flags, trust cap),
 settings and catalog are the same share one runner (one model client); a scripted model
@@ -35,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 from .background import Supervisor, me, own_worker
 from .errors import OrchError
-from .hostlink import MAX_LINE, paths
+from .hostlink import MAX_LINE, comparable_env, paths
 from .paths import project_root
 from .run import RunRecord, RunStatus
 from .store import RunStore, state_dir
-from .warm import address, peer
+from .warm import address, inherited, peer
 from .workspaces.base import process_start
 
 if TYPE_CHECKING:
@@ -96,6 +99,8 @@ class WorkerHost:
         self.shared: dict[str, Slot] = {}
         self.live: dict[str, asyncio.Task[None]] = {}  # run id -> the task following it
         self.adopted: set[str] = set()
+        self.env = comparable_env(dict(os.environ))  # the launcher's that started us
+        self.inherits = inherited("self")  # its limits, groups, umask, privileges
         self.pending = 0  # connections being answered
         self.idle_seconds = 60.0
         self.terminating = False
@@ -155,9 +160,20 @@ class WorkerHost:
             msg = json.loads(line)
         except ValueError:
             msg = None
-        run_id = msg.get("run_id") if isinstance(msg, dict) and len(msg) == 1 else None
+        ok = isinstance(msg, dict) and set(msg) == {"run_id", "env"}
+        run_id, env = (msg.get("run_id"), msg.get("env")) if ok else (None, None)
         if not isinstance(run_id, str) or not 0 < len(run_id) <= 64:
-            return {"ok": False, "error": 'expected one line {"run_id": ...}'}
+            return {"ok": False, "error": 'expected one line {"run_id": ..., "env": ...}'}
+        if not isinstance(env, dict) or comparable_env(env) != self.env:
+            log(f"refused {run_id[:64]!r} from pid {pid}: its launcher's environment is not ours")
+            return {"ok": False, "error": "the launcher's environment is not this host's"}
+        try:
+            same = inherited(pid) == self.inherits
+        except OSError:
+            same = False
+        if not same:
+            log(f"refused {run_id[:64]!r} from pid {pid}: its limits or privileges are not ours")
+            return {"ok": False, "error": "the launcher's limits or privileges are not this host's"}
         why = self.adopt(run_id, (pid,))
         if why is not None:
             log(f"refused {run_id[:64]!r} from pid {pid}: {why}")

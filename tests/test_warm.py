@@ -7,6 +7,7 @@ exit status and signals. Processes in other namespaces (a sandbox) are refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 
 from orchestrator import warm
 from orchestrator.store import open_store
+from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 from tests.support import alive, gone, host_pids, init_repo, need_bwrap, none_left, wait_for
 
 SLEEP = "sleep 47.25"  # a marker: no other process runs exactly this
@@ -332,3 +334,140 @@ def test_a_closed_standard_stream_runs_the_command_alone(w: Warm) -> None:
                            text=True)  # fmt: skip
     assert r.returncode == alone.returncode != 0
     assert w.pids() == [zygote]
+
+
+_ATTACKER = """
+import json, os, sys
+from pathlib import Path
+from orchestrator import warm
+
+[path] = sorted(Path({home!r}, ".orch", "warm").glob("*.sock"))  # the user's warm process
+
+
+def ask(argv, env):
+    os.environ.clear()
+    os.environ.update(env)
+    relay = warm._Relay(warm._connect(path))  # orch's own client, on a socket not its key's
+    code = relay.run(argv)
+    print("ATTACK " + json.dumps({{"code": code, "forked": relay.pidfd is not None}}), flush=True)
+
+
+mine = dict(os.environ)
+print("ATTACK " + json.dumps({{"key": mine.get("ANTHROPIC_API_KEY"), "parent":
+      mine.get("ORCH_PARENT_RUN_ID"), "depth": mine.get("ORCH_DEPTH")}}), flush=True)
+own = {{"ANTHROPIC_API_KEY": "sk-attacker", "ANTHROPIC_BASE_URL": {base!r}}}
+ask(["task", "INNER-A", "--json"], mine | own)  # deep in the chain: at the depth limit
+chain = ("ORCH_CHAIN_ID", "ORCH_PARENT_RUN_ID", "ORCH_DEPTH")
+ask(["task", "INNER-B", "--json"], {{k: v for k, v in mine.items() if k not in chain}} | own)
+"""
+
+
+def _api_key(headers: dict[str, str]) -> str | None:
+    """The key a request to the Messages API carried (``x-api-key`` or a bearer token)."""
+    bearer = headers.get("authorization", "").removeprefix("Bearer ")
+    return headers.get("x-api-key") or bearer or None
+
+
+def test_the_warm_process_gives_a_caller_nothing_it_lacks(w: Warm) -> None:
+    """An unsandboxed agent at the depth limit speaks the warm protocol to the user's warm
+    process (started with the API key, outside any chain): its commands run with its own
+    environment: still in its chain (refused past the limit), never with the user's key."""
+    attack = w.repo / "attack.py"
+
+    def respond(body: dict[str, object]) -> dict[str, object]:
+        first = json.dumps(body["messages"][0])  # type: ignore[index]
+        if "INNER" in first:
+            return text_reply("INNER-DONE")
+        if len(body["messages"]) == 1:  # type: ignore[arg-type]
+            command = f"{sys.executable} {attack} > attack.out 2>&1"
+            return tool_reply(("bash", {"command": command}))
+        return text_reply("OUTER-DONE")
+
+    config = w.home / ".orch" / "config.toml"  # the user's own: unsandboxed, no delegation
+    config.parent.mkdir(parents=True)
+    config.write_text('max_depth = 0\n[sandbox]\nos = "off"\n')
+    api = FakeAPI(respond)
+    with serve(api):
+        attack.write_text(_ATTACKER.format(home=str(w.home), base=api.base_url))
+        w.env |= {"ANTHROPIC_API_KEY": "sk-secret", "ANTHROPIC_BASE_URL": api.base_url}
+        zygote = w.started()
+        outer = w.run("task", "go", "--json")
+        assert outer.returncode == 0, outer.stderr
+        assert json.loads(outer.stdout)["summary"] == "OUTER-DONE"
+        said = (w.repo / "attack.out").read_text()
+        lines = [json.loads(x[7:]) for x in said.splitlines() if x.startswith("ATTACK ")]
+        assert len(lines) == 3, said
+        seen, in_chain, fresh = lines
+        outer_id = json.loads(outer.stdout)["run_id"]
+        assert seen == {"key": None, "parent": outer_id, "depth": "0"}, said  # scrubbed
+        # both commands ran in the warm process (forked), with the caller's environment
+        assert in_chain["forked"] and fresh["forked"], said
+        assert in_chain["code"] != 0 and "max_depth is 0" in said, said  # no fresh chain
+        assert fresh["code"] == 0, said
+        store = open_store(w.repo)
+        runs = {r.prompt: r for r in store.list_runs()}
+        assert set(runs) == {"go", "INNER-B"}, said
+        inner = runs["INNER-B"]
+        assert inner.chain_id != runs["go"].chain_id and inner.depth == 0
+        for body, headers in zip(api.requests, api.headers, strict=True):
+            mine = "INNER" in json.dumps(body["messages"][0])
+            assert _api_key(headers) == ("sk-attacker" if mine else "sk-secret")
+            if not mine:
+                assert "task" not in {t["name"] for t in body.get("tools", [])}
+        assert sum("INNER-B" in json.dumps(b["messages"][0]) for b in api.requests) == 1
+        assert w.pids() == [zygote]
+
+
+TIGHTER = {
+    "limit": "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), min(hard, 256)))",
+    "nice": "os.nice(5)",
+    "oom": "Path('/proc/self/oom_score_adj').write_text('500')",
+}
+
+
+@pytest.mark.parametrize("how", sorted(TIGHTER))
+def test_a_caller_with_tighter_limits_is_refused(w: Warm, how: str) -> None:
+    """A process that tightened what it passes on (a lower hard limit, a higher nice
+    value or OOM score: none of which it could undo) cannot get the warm process's looser
+    ones: it is refused, and runs its command itself."""
+    w.started()
+    [path] = w.sockets()
+    code = f"""
+import os, resource
+from pathlib import Path
+from orchestrator import warm
+{TIGHTER[how]}
+relay = warm._Relay(warm._connect(Path({str(path)!r})))
+print("GOT", relay.run(["ps"]), relay.pidfd)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=w.repo, env=w.env, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.stdout.strip() == "GOT None None", (r.stdout, r.stderr)
+
+
+def _watched(pid: int) -> set[str]:
+    """The inodes (hex) every epoll descriptor of ``pid`` watches (``fdinfo``'s ``tfd``)."""
+    inodes = set()
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                if line.startswith("tfd:") and " ino:" in line:
+                    inodes.add(line.split(" ino:")[1].split()[0])
+    return inodes
+
+
+def test_a_command_holds_no_descriptor_of_the_warm_process(w: Warm) -> None:
+    zygote = w.started()
+    proc, pid = _sleeping_run(w)
+    try:
+        assert _parent(pid) == zygote
+        server = {os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
+        mine = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        shared = {t for t in server & mine if t.startswith(("socket:", "pipe:", "/"))}
+        assert shared <= {os.devnull}, shared  # not its listener, lock, pipe or callers
+        listener = {f"{int(t[8:-1]):x}" for t in server if t.startswith("socket:")}
+        assert not _watched(pid) & listener  # nor its epoll, which watches the listener
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)

@@ -269,14 +269,33 @@ def _stop(project: Path, host: int) -> None:
     assert none_left(f"-C {project}")
 
 
+_TIGHTER = """
+import json, resource, sys
+from pathlib import Path
+from orchestrator.hostlink import ask
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), min(hard, 256)))
+print(ask(Path(sys.argv[1]), {"run_id": "r-000000000000", "env": json.loads(sys.argv[2])}))
+"""
+
+
 def test_the_socket_refuses_anything_but_a_queued_run_of_the_asker(project: Path) -> None:
     rid, host, sock = _slow_host(project)
     try:
         assert (sock.stat().st_mode & 0o777) == 0o600
-        bogus = ask(sock, {"run_id": "r-000000000000"})
+        bare = ask(sock, {"run_id": "r-000000000000"})  # no environment: not a handoff
+        assert bare["ok"] is False and "expected one line" in str(bare["error"])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+        env["ORCH_HOST_IDLE"] = "0"  # exactly the launcher's (`_launch`)
+        bogus = ask(sock, {"run_id": "r-000000000000", "env": env})
         assert bogus == {"ok": False, "error": "no such run in this store"}
-        again = ask(sock, {"run_id": rid})
+        again = ask(sock, {"run_id": rid, "env": env})
         assert again["ok"] is False and "already" in str(again["error"])
+        other_env = ask(sock, {"run_id": rid, "env": env | {"ORCH_X": "1"}})
+        assert "environment is not" in str(other_env["error"])
+        tighter = subprocess.run([sys.executable, "-c", _TIGHTER, str(sock), json.dumps(env)],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "limits or privileges" in tighter.stdout, (tighter.stdout, tighter.stderr)
         extra = ask(sock, {"run_id": rid, "command": "rm -rf /"})
         assert extra["ok"] is False
         # A queued background run, but queued by another process: not ours to hand over.
@@ -286,7 +305,7 @@ def test_the_socket_refuses_anything_but_a_queued_run_of_the_asker(project: Path
             options={"spec": {"workdir": str(project)}, "launch": {}},
         )  # fmt: skip
         store.create_run(other)
-        refused = ask(sock, {"run_id": other.run_id})
+        refused = ask(sock, {"run_id": other.run_id, "env": env})
         assert refused["ok"] is False and "another process" in str(refused["error"])
         assert store.require_run(other.run_id).status == RunStatus.QUEUED
         store.close()
@@ -394,4 +413,53 @@ def test_launchers_with_other_environments_get_hosts_of_their_own(project: Path)
         os.kill(pid, signal.SIGTERM)
         assert gone(pid, timeout=20)
     assert {_record(project, r).status for r in (a, b, c)} == {RunStatus.CANCELLED}
+    assert none_left(f"-C {project}")
+
+
+_LAUNCHER = """
+import sys
+from pathlib import Path
+from orchestrator import hostlink
+
+[user] = Path(".orch").glob("host-*.sock")  # the user's host, named for the user's environment
+hostlink.paths = lambda state, key: (user.resolve(), state / f"host-{key}.lock")
+sys.argv = ["orch", "task", "INNER", "--background", "--json"]
+from orchestrator.cli.main import main
+main()
+"""
+
+
+def test_the_host_runs_no_run_in_an_environment_its_launcher_lacks(project: Path) -> None:
+    """A process without the API key hands its run to the user's host (whose socket's name
+    it read): the host refuses it, and the run gets a worker of its own, with the
+    launcher's environment (its key), never the host's."""
+    api = FakeAPI(lambda body: text_reply("INNER-DONE" if "INNER" in json.dumps(body) else "OK"))
+    with serve(api) as running:
+        user = {"ANTHROPIC_BASE_URL": running.base_url, "ANTHROPIC_API_KEY": "sk-secret"}
+        r = orch("task", "go", "--background", "--json", cwd=project,
+                 env=user | {"ORCH_HOST_IDLE": "30"})  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        first = json.loads(r.stdout)["run_id"]
+        assert json.loads(orch("result", first, "--wait", "--json", cwd=project).stdout)
+        host = _record(project, first).pid
+        assert host is not None and alive(host)
+        attacker = {"ANTHROPIC_BASE_URL": running.base_url, "ANTHROPIC_API_KEY": "sk-attacker"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+        a = subprocess.run([sys.executable, "-c", _LAUNCHER], cwd=project, env=env | attacker,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert a.returncode == 0, a.stderr
+        inner = json.loads(a.stdout)["run_id"]
+        done = orch("result", inner, "--wait", "--json", cwd=project)
+        assert json.loads(done.stdout)["summary"] == "INNER-DONE", done.stderr
+        assert _record(project, inner).pid != host  # not the user's host
+        log = (project / ".orch" / "logs" / "host.log").read_text()
+        assert "its launcher's environment is not ours" in log
+        keys = [
+            (h.get("x-api-key") or h.get("authorization", "").removeprefix("Bearer "))
+            for b, h in zip(api.requests, api.headers, strict=True)
+            if "INNER" in json.dumps(b["messages"][0])
+        ]
+        assert keys == ["sk-attacker"]
+        os.kill(host, signal.SIGTERM)
+        assert gone(host, timeout=20)
     assert none_left(f"-C {project}")
