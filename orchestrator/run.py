@@ -132,6 +132,20 @@ class RunRecord(BaseModel):
     updated_at: float = Field(default_factory=now)
     ended_at: float | None = None
 
+    def started_event(self) -> dict[str, Any]:
+        """The data of this run's ``run_started`` event: where it stands in its chain."""
+        return {
+            "agent": self.agent,
+            "model": self.model,
+            "depth": self.depth,
+            "max_depth": self.max_depth,
+            "chain_id": self.chain_id,
+            "parent_run_id": self.parent_run_id,
+            "allowed_tools": self.allowed_tools,
+            "isolation": self.isolation,
+            "resumed_from": self.resumed_from,
+        }
+
     def result(self) -> RunResult:
         return RunResult(
             run_id=self.run_id,

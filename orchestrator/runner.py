@@ -285,21 +285,7 @@ class Runner:
             record.run_id, status=RunStatus.RUNNING, started_at=now(), pid=pid,
             pid_start=pid_start, node=this_node(),
         )  # fmt: skip
-        store.add_event(
-            record.run_id,
-            "run_started",
-            {
-                "agent": record.agent,
-                "model": record.model,
-                "depth": record.depth,
-                "max_depth": record.max_depth,
-                "chain_id": record.chain_id,
-                "parent_run_id": record.parent_run_id,
-                "allowed_tools": record.allowed_tools,
-                "isolation": record.isolation,
-                "resumed_from": record.resumed_from,
-            },
-        )
+        store.add_event(record.run_id, "run_started", record.started_event())
         wspec = WorkspaceSpec(
             run_id=record.run_id, chain_id=record.chain_id, agent=record.agent,
             description=record.description, base=spec.workdir, sink=store,
