@@ -567,3 +567,22 @@ def test_a_worktree_child_on_a_node_cannot_read_the_spawners_store(
     child = next(r for r in runs(repo, cluster.env) if r["depth"] == 1)
     assert child["status"] == "succeeded" and "/ray-" in child["node"]  # it ran on a node
     check_peek(api, db, secret)
+
+
+def test_a_node_runs_with_the_spawners_api_settings_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's own base URL (or token) never pairs with the spawner's key: a name the
+    spawner does not set is unset for the run, and everything is back afterwards."""
+    from orchestrator.executors.node import spawner_env
+    from orchestrator.executors.raycluster import FORWARDED_ENV
+
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://node-own.invalid")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "node-token")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    secrets = {k: "" for k in FORWARDED_ENV} | {"ANTHROPIC_API_KEY": "sk-spawner"}
+    with spawner_env(secrets):
+        assert os.environ.get("ANTHROPIC_API_KEY") == "sk-spawner"
+        assert "ANTHROPIC_BASE_URL" not in os.environ
+        assert "ANTHROPIC_AUTH_TOKEN" not in os.environ
+    assert os.environ["ANTHROPIC_BASE_URL"] == "http://node-own.invalid"
+    assert os.environ["ANTHROPIC_AUTH_TOKEN"] == "node-token"
+    assert "ANTHROPIC_API_KEY" not in os.environ

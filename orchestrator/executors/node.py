@@ -20,9 +20,11 @@ options, and the run's starting commit as a git bundle; it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,24 +75,37 @@ def node_name() -> str:
     return f"{socket.gethostname()}/ray-{node_id[:8]}"
 
 
+@contextlib.contextmanager
+def spawner_env(secrets: dict[str, str]) -> Iterator[None]:
+    """This process's environment holds the spawner's ``secrets`` while the block runs: a
+    name the spawner does not set ("") is unset, so a node's own ``ANTHROPIC_BASE_URL`` or
+    token never pairs with the spawner's key; afterwards everything is as it was."""
+    saved = {k: os.environ.get(k) for k in secrets}
+    for k, v in secrets.items():
+        if v:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
 def run_on_node(
     task: dict[str, Any], catalog: Catalog, bundle: bytes, secrets: dict[str, str]
 ) -> dict[str, Any]:
     """The Ray task: one run, adopted on this node (see the module doc). ``secrets`` (the
-    API key, a store URL) are this process's environment for the run, and only for it."""
+    API key, a base URL, a store URL) are this process's environment for the run, and only
+    for it (:func:`spawner_env`)."""
     spec = NodeTask.model_validate(task)
     set_node(node_name())
-    saved = {k: os.environ.get(k) for k in secrets}
-    os.environ.update(secrets)
-    try:
-        with tempfile.TemporaryDirectory(prefix="orch-node-") as tmp:
-            result = asyncio.run(_run(spec, catalog, bundle, Path(tmp)))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with spawner_env(secrets), tempfile.TemporaryDirectory(prefix="orch-node-") as tmp:
+        result = asyncio.run(_run(spec, catalog, bundle, Path(tmp)))
     return result.model_dump()
 
 

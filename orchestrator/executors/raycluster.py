@@ -179,7 +179,7 @@ class RayExecutor:
             except Exception as e:  # whatever Ray raises: one line, never a crash of ours
                 why = first_line(str(e)) or type(e).__name__
                 raise UsageError(NO_CLUSTER.format(where=where, why=why)) from e
-        env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+        env = {k: os.environ.get(k, "") for k in FORWARDED_ENV}  # "": unset on the node
         if (url := shared_store(self.runner)) is not None:
             env["ORCH_STORE"] = url
         self._secrets = ray.put(env)
