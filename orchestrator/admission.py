@@ -217,6 +217,7 @@ class Admission:
             raise OrchError(
                 f"chain budget max_chain_tokens ({budgets.tokens:,}) is used up: this chain "
                 f"has used {used.tokens:,} tokens; finish with what you have (more needs a "
-                "higher max_chain_tokens in orch.toml or ~/.orch/config.toml)"
+                "higher max_chain_tokens in ~/.orch/config.toml, or in orch.toml and then "
+                "`orch trust`)"
             )
         return budgets

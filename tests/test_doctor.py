@@ -330,3 +330,19 @@ def test_worker_host_off(repo: Path) -> None:
     checks = by_name(doctor(repo, "--offline", env={"ORCH_WORKER_HOST": "0"})[1])
     assert checks["worker-host"]["detail"] == "off (ORCH_WORKER_HOST=0)"
     assert checks["warm"]["detail"] == "off (ORCH_WORKER_HOST=0)"
+
+
+def test_a_state_directory_orch_did_not_make_fails_the_store_check(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A store copied in from elsewhere (a new inode: no owner mark of ours) is what every
+    command refuses; doctor says so, with the way out, and exits 1."""
+    assert orch("ps", cwd=repo).returncode == 0  # a real store, ours
+    other = tmp_path / "copy"
+    other.mkdir()
+    init_repo(other)
+    subprocess.run(["cp", "-a", str(repo / ".orch"), str(other / ".orch")], check=True)
+    code, report = doctor(other, "--offline")
+    store = by_name(report)["store"]
+    assert code == 1 and store["status"] == "fail", store
+    assert "did not create it" in store["detail"] and "adopt-state" in store["fix"]

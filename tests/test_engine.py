@@ -444,7 +444,10 @@ def _burner(project: Path, second: dict[str, Any]) -> Path:
 
 def test_max_chain_tokens_has_a_default_and_says_how_to_raise_it(project: Path) -> None:
     assert Settings().max_chain_tokens == 10_000_000
-    refused = "max_chain_tokens .10,000,000. is used up.*higher max_chain_tokens in orch.toml"
+    refused = (
+        "max_chain_tokens .10,000,000. is used up.*higher max_chain_tokens in "
+        "~/.orch/config.toml, or in orch.toml and then `orch trust`"
+    )
     script = _burner(project, {"expect_result": refused})
     r = orch("task", "go", "--json", "--model", f"scripted:{script}", cwd=project)
     assert r.returncode == 0, r.stderr
@@ -452,8 +455,10 @@ def test_max_chain_tokens_has_a_default_and_says_how_to_raise_it(project: Path) 
     t = orch("tree", run_id, cwd=project)
     assert "runs 2/500" in t.stdout, t.stdout  # the second child never started
     assert re.search(r"tokens10,0\d\d,\d\d\d/10,000,000", "".join(t.stdout.split())), t.stdout
-    # raised as the message says, the second child runs
+    # raised as the message says (a repository raises a limit only once trusted), the
+    # second child runs
     (project / "orch.toml").write_text("max_chain_tokens = 30_000_000\n")
+    assert orch("trust", cwd=project).returncode == 0
     script = _burner(project, {"expect_result": "burned"})
     r = orch("task", "go", "--json", "--model", f"scripted:{script}", cwd=project)
     assert r.returncode == 0, r.stderr

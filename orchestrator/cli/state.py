@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
 from .. import statedir
 from ..errors import UsageError
 from ..paths import project_root
-from .common import handles_errors, out
+from .common import WorkdirOpt, handles_errors, out
 from .safe import safe_text
 
 
 @handles_errors
 def adopt_state(
-    workdir: Annotated[
-        Path | None, typer.Option("--workdir", "-C", help="Project directory (default: cwd).")
-    ] = None,
+    workdir: WorkdirOpt = None,
 ) -> None:
     """Mark this project's state directory (.orch, or $ORCH_HOME) as made by you.
 
@@ -31,9 +27,7 @@ def adopt_state(
     wd = (workdir or Path.cwd()).expanduser()
     if not wd.is_dir():
         raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
-    env = os.environ.get("ORCH_HOME")
-    path = Path(env).expanduser() if env else project_root(wd) / ".orch"
-    done = statedir.adopt(path)
+    done = statedir.adopt(statedir.state_path(project_root(wd)))
     out.print(safe_text(f"{done}: marked as yours; orch uses it again"), soft_wrap=True)
 
 

@@ -128,6 +128,13 @@ def _sqlite(where: Path, db: Path) -> Check:
         detail = "; ".join(why for *_, why in problems)
         fix = "set ORCH_HOME to a directory of your own, or chown the files back to you"
         return Check(name=name, status=Status.FAIL, detail=detail, fix=fix, required=True)
+    from ..statedir import Refused, checked_dir
+
+    try:  # what every command checks first: made by this user's orch, no link in it
+        checked_dir(where)  # (it also sets the directory 0700, as any command)
+    except Refused as e:
+        fix = f"as it says; if your own older orch made {where}: orch adopt-state"
+        return Check(name=name, status=Status.FAIL, detail=str(e), fix=fix, required=True)
     count = _count_runs(db)
     if isinstance(count, str):
         fix = f"move {db} aside (orch then starts an empty store)"
@@ -230,7 +237,14 @@ def _worker_host(workdir: Path, settings: Settings) -> Check:
         key = env_key(settings.store)
     except OrchError as e:  # a bad ORCH_STORE: the store check says it
         return Check(name="worker-host", status=Status.SKIP, detail=f"not checked ({e})")
-    sock, _ = paths(state_path(project_root(workdir)), key)
+    state = state_path(project_root(workdir))
+    if not state.is_dir():
+        detail = "none running: the next background run starts one"
+        return Check(name="worker-host", status=Status.OK, detail=detail)
+    try:
+        sock, _ = paths(state, key)
+    except OrchError as e:  # a state dir orch refuses: the store check says why
+        return Check(name="worker-host", status=Status.SKIP, detail=f"not checked ({e})")
     pid = _listener(sock)
     if pid is not None:
         detail = f"running (pid {pid}) for this state dir and environment"
