@@ -27,6 +27,7 @@ file refuses the path.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -74,6 +75,24 @@ def _key() -> bytes:
     return _key_of(os.environ.get("HOME") or str(Path.home()))
 
 
+def _make_key(dfd: int) -> bytes | None:
+    """A new key in ``KEY_FILE`` of the directory ``dfd``, or None when one exists. The
+    caller holds the directory's lock, so a racing process (or thread) never reads a key
+    half written."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(KEY_FILE, flags, FILE_MODE, dir_fd=dfd)
+    except FileExistsError:
+        return None
+    try:
+        key = secrets.token_hex(32).encode()
+        os.fchmod(fd, FILE_MODE)
+        os.write(fd, key + b"\n")
+    finally:
+        os.close(fd)
+    return key
+
+
 @functools.lru_cache(maxsize=8)
 def _key_of(user_home: str) -> bytes:
     home = Path(user_home) / ".orch"
@@ -82,16 +101,9 @@ def _key_of(user_home: str) -> bytes:
         st = os.fstat(dfd)
         if st.st_uid != os.getuid() or st.st_mode & 0o022:
             raise Refused(f"{home} is not yours alone: chmod 700 it (it holds orch's keys)")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        with contextlib.suppress(FileExistsError):
-            fd = os.open(KEY_FILE, flags, FILE_MODE, dir_fd=dfd)
-            try:
-                key = secrets.token_hex(32).encode()
-                os.fchmod(fd, FILE_MODE)
-                os.write(fd, key + b"\n")
-            finally:
-                os.close(fd)
-            return key
+        fcntl.flock(dfd, fcntl.LOCK_EX)  # released with the descriptor
+        if (made := _make_key(dfd)) is not None:
+            return made
         fd = os.open(KEY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         try:
             _check_file(os.fstat(fd), home / KEY_FILE)

@@ -295,3 +295,37 @@ def test_a_link_in_the_state_directory_is_refused(tmp_path: Path, rel: str) -> N
     for command in commands:
         _refused(orch(*command, cwd=repo), "symlink", "remove it")
     assert [p.name for p in out.rglob("*")] == (["dir"] if rel.endswith("worktrees") else [])
+
+
+def test_the_state_key_is_made_once_whole_under_racing_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight workspaces opening at once made the key in one thread while another read it
+    half written ('state.key is damaged', a CI failure): every racer gets the same key."""
+    import threading
+
+    from orchestrator import statedir
+
+    home = tmp_path / "home"
+    home.mkdir()
+    got: list[bytes] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(16)
+
+    def take() -> None:
+        start.wait(timeout=30)
+        try:
+            got.append(statedir._key_of.__wrapped__(str(home)))
+        except BaseException as e:  # collected: the assertion names it
+            errors.append(e)
+
+    for _round in range(20):
+        (home / ".orch" / statedir.KEY_FILE).unlink(missing_ok=True)
+        got.clear()
+        threads = [threading.Thread(target=take) for _ in range(16)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=30)
+        assert not errors, errors
+        assert len(got) == 16 and len(set(got)) == 1, got
