@@ -185,7 +185,7 @@ class AgentRun:
                 max_depth=ctx.record.max_depth,
                 workspace=ctx.record.workspace,
                 container_network=ctx.settings.sandbox.network_mode,
-            )  # fmt: skip
+            )
         )
         if memory:
             parts.append(memory)

@@ -140,8 +140,9 @@ def reap(store: RunStore, run_id: str) -> list[str]:
         kind, signed = res["kind"], res["ref"]
         ref = verified(run_id, kind, signed) if kind in SIGNED else signed
         if ref is None:  # a row this user's orch did not write: nothing of it is touched
-            done.append(f"left {kind} {signed.split(' ')[0][:24]} alone: not registered by "
-                        "this user's orch")  # fmt: skip
+            done.append(
+                f"left {kind} {signed.split(' ')[0][:24]} alone: not registered by this user's orch"
+            )
         elif kind == "pgroup":
             if kill_group_ref(ref):
                 done.append(f"killed process group {ref.partition(':')[0]}")

@@ -140,11 +140,26 @@ DEFAULT_SECRET_PATTERNS: list[str] = [
 # top of the repository's own ignore files; a file the repository tracks is committed
 # anyway). Build artefacts and caches only: ``commit_exclude`` adds, ``!pattern`` re-includes.
 DEFAULT_COMMIT_EXCLUDE: list[str] = [
-    "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/",
-    ".hypothesis/", ".tox/", ".nox/", ".venv/", "venv/", "*.egg-info/", ".eggs/",
-    ".coverage", ".coverage.*", "htmlcov/", ".ipynb_checkpoints/", "node_modules/",
-    ".DS_Store", "Thumbs.db",
-]  # fmt: skip
+    "__pycache__/",
+    "*.py[cod]",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".hypothesis/",
+    ".tox/",
+    ".nox/",
+    ".venv/",
+    "venv/",
+    "*.egg-info/",
+    ".eggs/",
+    ".coverage",
+    ".coverage.*",
+    "htmlcov/",
+    ".ipynb_checkpoints/",
+    "node_modules/",
+    ".DS_Store",
+    "Thumbs.db",
+]
 
 
 def _one_line(patterns: list[str]) -> list[str]:

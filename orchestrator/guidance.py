@@ -142,9 +142,15 @@ def _network(mode: str) -> str:
 
 
 def environment_section(
-    *, root: Path | str, isolation: str, agent: str, depth: int, max_depth: int,
-    workspace: Mapping[str, Any], container_network: str,
-) -> str:  # fmt: skip
+    *,
+    root: Path | str,
+    isolation: str,
+    agent: str,
+    depth: int,
+    max_depth: int,
+    workspace: Mapping[str, Any],
+    container_network: str,
+) -> str:
     """The system prompt's facts about the run's tier: where the work goes, what ``.git``
     and the network allow, and who commits (``workspace``: the workspace's ``info()``)."""
     lines = [

@@ -46,8 +46,16 @@ MARK_PREFIX = "orch-state-v1 "
 KEY_FILE = "state.key"
 # what orch writes in a state directory (orchignore.py names the same): any of these,
 # present without a valid mark, is state orch did not make
-STATE_NAMES = ("orch.db", "orch.db-wal", "orch.db-shm", "orch.db-journal", "logs", "worktrees",
-               "worktrees.lock", "tmp")  # fmt: skip
+STATE_NAMES = (
+    "orch.db",
+    "orch.db-wal",
+    "orch.db-shm",
+    "orch.db-journal",
+    "logs",
+    "worktrees",
+    "worktrees.lock",
+    "tmp",
+)
 STATE_SUFFIXES = (".sock", ".lock")
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -111,8 +119,10 @@ def _key_of(user_home: str) -> bytes:
         finally:
             os.close(fd)
     if len(data) < 32:
-        raise Refused(f"{home / KEY_FILE} is damaged: remove it (orch makes a new one, and its "
-                      "state directories then need `orch adopt-state`)")  # fmt: skip
+        raise Refused(
+            f"{home / KEY_FILE} is damaged: remove it (orch makes a new one, and its "
+            "state directories then need `orch adopt-state`)"
+        )
     return data
 
 
@@ -167,8 +177,7 @@ def _write_mark(dfd: int, st: os.stat_result) -> None:
     """The mark, written to a temp file renamed over ``owner`` (a link there is replaced,
     never followed; processes marking at once write the same)."""
     tmp = f".{MARK}.{secrets.token_hex(6)}.orch-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE,
-                 dir_fd=dfd)  # fmt: skip
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=dfd)
     try:
         os.fchmod(fd, FILE_MODE)
         os.write(fd, (_mark_for(st) + "\n").encode())
@@ -203,8 +212,16 @@ def _tracked(path: Path) -> list[str]:
     from .git import RepoPaths, git_sync
 
     with contextlib.suppress(OSError, OrchError):  # no git at all: nothing is tracked
-        found = git_sync("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
-                         repo=None, cwd=path.parent, check=False, timeout_s=30)  # fmt: skip
+        found = git_sync(
+            "rev-parse",
+            "--show-toplevel",
+            "--absolute-git-dir",
+            "--git-common-dir",
+            repo=None,
+            cwd=path.parent,
+            check=False,
+            timeout_s=30,
+        )
         lines = found.out.splitlines()
         if found.code != 0 or len(lines) != 3:
             return []
@@ -215,8 +232,9 @@ def _tracked(path: Path) -> list[str]:
         except ValueError:
             return []
         repo = RepoPaths(git_dir, top, common.resolve(), top)
-        listed = git_sync("ls-files", "-z", "--", str(rel), repo=repo, cwd=top, check=False,
-                          timeout_s=30)  # fmt: skip
+        listed = git_sync(
+            "ls-files", "-z", "--", str(rel), repo=repo, cwd=top, check=False, timeout_s=30
+        )
         if listed.code != 0:
             return []
         names = [p for p in listed.out.split("\0") if p]
@@ -243,8 +261,10 @@ def _verify(path: Path, *, adopting: bool = False) -> None:
         _make(path)
         st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        raise Refused(f"{path} is a symlink — orch never follows one for its state; "
-                      f"remove it (rm {path}) and run again")  # fmt: skip
+        raise Refused(
+            f"{path} is a symlink — orch never follows one for its state; "
+            f"remove it (rm {path}) and run again"
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise Refused(f"{path} is not a directory: move it away and run again")
     if tracked := _tracked(path):
@@ -266,10 +286,13 @@ def _verify(path: Path, *, adopting: bool = False) -> None:
         if not marked:
             state = [n for n in present if n != MARK]
             if state and not adopting:
-                why = (f"holds orch state ({state[0]}) under an owner mark that is not this "
-                       "user's (copied, or made by another user)" if MARK in present
-                       else f"holds orch state ({state[0]}) without this user's owner mark "
-                       "(copied, checked out, or made by an older orch)")  # fmt: skip
+                why = (
+                    f"holds orch state ({state[0]}) under an owner mark that is not this "
+                    "user's (copied, or made by another user)"
+                    if MARK in present
+                    else f"holds orch state ({state[0]}) without this user's owner mark "
+                    "(copied, checked out, or made by an older orch)"
+                )
                 fix = (
                     _move_away(path)
                     + "; if an older orch of yours made it, run "
@@ -297,8 +320,10 @@ def entry_stat(dfd: int, state: Path, name: str) -> os.stat_result | None:
         return None
     path = state / name
     if stat.S_ISLNK(st.st_mode):
-        raise Refused(f"{path} is a symlink — orch never follows one in its state directory; "
-                      f"remove it (rm {path}) and run again")  # fmt: skip
+        raise Refused(
+            f"{path} is a symlink — orch never follows one in its state directory; "
+            f"remove it (rm {path}) and run again"
+        )
     if stat.S_ISDIR(st.st_mode):
         if st.st_uid != os.getuid():
             raise Refused(f"{path} belongs to uid {st.st_uid}, not you: remove it and run again")
@@ -379,13 +404,15 @@ def open_file(state: Path, rel: str, flags: int, mode: int = FILE_MODE) -> int:
     with _opened(path) as dfd:
         name = Path(rel).name
         try:
-            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode,
-                         dir_fd=dfd)  # fmt: skip
+            fd = os.open(
+                name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd
+            )
         except OSError as e:
             if e.errno == 40:  # ELOOP: a symlink there
-                raise Refused(f"{path / name} is a symlink — orch never follows one in its "
-                              f"state directory; remove it (rm {path / name}) and run again"
-                              ) from None  # fmt: skip
+                raise Refused(
+                    f"{path / name} is a symlink — orch never follows one in its "
+                    f"state directory; remove it (rm {path / name}) and run again"
+                ) from None
             raise
         try:
             _check_file(os.fstat(fd), path / name)

@@ -60,8 +60,10 @@ def tree_lines(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows in tree order, each with the tree lines drawn before its agent's name."""
     ordered = tree_order(rows)
     ids = {r["run_id"] for r in ordered}
-    parent = {r["run_id"]: r.get("parent_run_id") if r.get("parent_run_id") in ids else None
-              for r in ordered}  # fmt: skip
+    parent = {
+        r["run_id"]: r.get("parent_run_id") if r.get("parent_run_id") in ids else None
+        for r in ordered
+    }
     last: dict[str | None, str] = {}  # parent -> its last child in the view
     for r in ordered:
         last[parent[r["run_id"]]] = r["run_id"]
@@ -107,9 +109,10 @@ class ChainView:
         rows = [ps_row(r.model_dump(mode="json")) for r in self.records]
         live = sum(1 for r in self.records if not r.status.ended)
         title = Text.assemble(
-            ("orch ▸ ", "bold"), safe_text(self.root_id),
+            ("orch ▸ ", "bold"),
+            safe_text(self.root_id),
             (f" · {len(rows)} agent{'s' if len(rows) != 1 else ''}, {live} running", "dim"),
-        )  # fmt: skip
+        )
         table = FitTable(COLUMNS, title=title)
         spin = SPINNER[self.frame % len(SPINNER)]
         shown_rows, left = visible(tree_lines(rows), max(3, console.height - 6))
@@ -172,9 +175,11 @@ class LiveChain:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._stop.set()
         self._thread.join()
         try:
@@ -214,9 +219,11 @@ def branch_lines(runs: list[RunRecord]) -> list[Text]:
                 continue
             n = [int(a.get(k) or 0) for k in ("files_changed", "insertions", "deletions")]
             line = Text.assemble(
-                ("branch ", "bold"), safe_text(a.get("branch", ""), "cyan"),
-                ("  commit ", "bold"), safe_text(str(a.get("commit", ""))[:12]),
-            )  # fmt: skip
+                ("branch ", "bold"),
+                safe_text(a.get("branch", ""), "cyan"),
+                ("  commit ", "bold"),
+                safe_text(str(a.get("commit", ""))[:12]),
+            )
             if r.depth > 0:
                 line.append_text(safe_text(f"  ({r.agent} {r.run_id})", "dim"))
             lines.append(line)
