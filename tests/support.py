@@ -223,23 +223,28 @@ def init_repo(root: Path, files: dict[str, str] | None = None, *, branch: str = 
 SANDBOX_IMAGE = "orch-sandbox:latest"
 
 
-def sandbox_image() -> str:
-    """orch-sandbox:latest on a reachable engine; skips without one (fails under CI=true)."""
-    import pytest
+def _unavailable(why: str) -> None:
+    """Skip for ``why``; under CI=true, fail: CI starts every engine the tests need."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {why}")
+    pytest.skip(why)
 
+
+def need_docker() -> None:
+    """A reachable Docker engine; skips without one (fails under CI=true)."""
     from orchestrator.errors import OrchError
     from orchestrator.workspaces.pool import docker_client
-
-    def unavailable(why: str) -> None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
 
     try:
         docker_client().close()
     except OrchError as e:
-        unavailable(f"no Docker engine is reachable: {e}")
+        _unavailable(f"no Docker engine is reachable: {e}")
+
+
+def sandbox_image() -> str:
+    """orch-sandbox:latest on a reachable engine; skips without one (fails under CI=true)."""
+    need_docker()
     found = subprocess.run(["docker", "image", "inspect", SANDBOX_IMAGE], capture_output=True)
     if found.returncode != 0:
-        unavailable(f"{SANDBOX_IMAGE} is missing: run `orch sandbox build`")
+        _unavailable(f"{SANDBOX_IMAGE} is missing: run `orch sandbox build`")
     return SANDBOX_IMAGE

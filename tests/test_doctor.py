@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import OrchError
-from tests.support import gone, init_repo, orch, wait_for
+from tests.support import gone, init_repo, need_docker, orch, wait_for
 
 NAMES = "python git bwrap docker image api endpoint store trust warm worker-host".split()
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # fast, and no engine call
@@ -281,20 +280,9 @@ def test_a_broken_orch_toml_fails(repo: Path) -> None:
 # -- Docker --------------------------------------------------------------------------------
 
 
-def _engine() -> None:
-    from orchestrator.workspaces.pool import docker_client
-
-    try:
-        docker_client().close()
-    except OrchError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but no Docker engine is reachable: {e}")
-        pytest.skip(f"no Docker engine reachable: {e}")
-
-
 @pytest.mark.docker
 def test_the_engine_and_the_sandbox_image(repo: Path) -> None:
-    _engine()
+    need_docker()
     env = {"DOCKER_HOST": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")}
     user_config('[sandbox]\nimage = "orch-test-busybox:latest"\n')
     inspect = ["docker", "image", "inspect", "orch-test-busybox:latest"]

@@ -17,7 +17,6 @@ import signal
 import socket
 import statistics
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -81,20 +80,13 @@ def make_repo(path: Path) -> Path:
 
 
 @pytest.fixture(params=["tmp", "var-tmp"])
-def base(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+def base(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """Where the workspace lives: under /tmp (the private tmpfs covers its parents)
     or elsewhere (its parents are the host's, read-only), like a real project."""
     if request.param == "tmp":
-        yield tmp_path
-        return
-    try:
-        where = Path(tempfile.mkdtemp(prefix="orch-osbox-", dir="/var/tmp"))
-    except OSError as e:
-        pytest.skip(f"/var/tmp is not writable: {e}")
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
+        return tmp_path
+    where: Path = request.getfixturevalue("outside_tmp")
+    return where
 
 
 def under_tmp(path: Path) -> bool:

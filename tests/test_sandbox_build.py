@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import OrchError
+from tests.support import need_docker
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ["build.sh", "build-base.sh", "build-test-image.sh", "Dockerfile", "test/Dockerfile"]
@@ -95,17 +95,6 @@ def test_an_install_without_the_build_says_so_in_one_line(installed: Path, tmp_p
 # -- no registry: the fast decision -----------------------------------------------------
 
 
-def _engine() -> None:
-    from orchestrator.workspaces.pool import docker_client
-
-    try:
-        docker_client().close()
-    except OrchError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but no Docker engine is reachable: {e}")
-        pytest.skip(f"no Docker engine reachable: {e}")
-
-
 @pytest.fixture
 def silent_registry() -> Iterator[int]:
     """A loopback port that accepts connections and never answers on them."""
@@ -149,7 +138,7 @@ def _closed_port() -> int:
 def test_without_a_registry_it_turns_to_debootstrap_within_seconds(
     installed: Path, tmp_path: Path, registry: str, silent_registry: int
 ) -> None:
-    _engine()
+    need_docker()
     port = silent_registry if registry == "silent" else _closed_port()
     base = f"127.0.0.1:{port}/debian:bookworm-slim"
     argv = [str(installed / "bin" / "orch"), "sandbox", "build", "--dry-run", "--base", base]

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.text import Text
 
-from ..run import RunRecord, RunStatus
+from ..run import RunRecord, RunStatus, first_line
 from ..store import RunStore
 from .common import STATUS_STYLE
 from .safe import shown
@@ -63,10 +63,6 @@ def _str(value: object) -> str:
 def prose(value: object) -> str:
     """Text a model wrote, on one line: whitespace runs (newlines too) made one space."""
     return _SPACE.sub(" ", _str(value)).strip()
-
-
-def first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 # -- one summary a kind --------------------------------------------------------------------
