@@ -205,9 +205,18 @@ def is_control_path(path: str, hooks_dirs: Sequence[str] = ()) -> bool:
 def _control_changes(
     repo: gitpython.Repo, work_tree: Path | None, base: str, tip: str
 ) -> list[str]:
-    out = repo.git.diff("--name-only", "-z", "--no-renames", "--no-textconv", "--no-ext-diff",
-                        "--ignore-submodules=dirty", base, tip, "--",
-                        strip_newline_in_stdout=False)  # fmt: skip
+    out = repo.git.diff(
+        "--name-only",
+        "-z",
+        "--no-renames",
+        "--no-textconv",
+        "--no-ext-diff",
+        "--ignore-submodules=dirty",
+        base,
+        tip,
+        "--",
+        strip_newline_in_stdout=False,
+    )
     hooks = _hooks_dirs(repo, work_tree)
     return [p for p in dict.fromkeys(out.split("\0")) if p and is_control_path(p, hooks)]
 
@@ -243,8 +252,9 @@ def _branch_info(
 ) -> WorktreeInfo:
     info = WorktreeInfo(branch=branch, head=tip, path=path)
     if head:
-        behind, ahead = (int(n) for n in repo.git.rev_list(
-            "--left-right", "--count", f"{head}...{tip}").split())  # fmt: skip
+        behind, ahead = (
+            int(n) for n in repo.git.rev_list("--left-right", "--count", f"{head}...{tip}").split()
+        )
         bases = repo.merge_base(head, tip)
         info.base = bases[0].hexsha if bases else None
         info.ahead, info.behind = ahead, behind
@@ -301,9 +311,14 @@ def _pick(infos: list[WorktreeInfo], target: str) -> WorktreeInfo:
 
 def _check_mergeable(repo: gitpython.Repo, info: WorktreeInfo, head: str, into: str) -> None:
     code, out, err = repo.git.merge_tree(
-        "--write-tree", "--name-only", "--no-messages", head, info.head,
-        with_extended_output=True, with_exceptions=False,
-    )  # fmt: skip
+        "--write-tree",
+        "--name-only",
+        "--no-messages",
+        head,
+        info.head,
+        with_extended_output=True,
+        with_exceptions=False,
+    )
     if code == 1:
         files = list(dict.fromkeys(f for f in out.splitlines()[1:] if f.strip()))
         raise UsageError(
@@ -354,8 +369,14 @@ def merge(
         if head is None:
             raise UsageError("your repository has no commits yet; make a first commit, then merge")
         into = "HEAD" if repo.head.is_detached else repo.active_branch.name
-        report = MergeReport(branch=info.branch, run_id=info.run_id, into=into, commit=head,
-                             squash=squash, stashed=False)  # fmt: skip
+        report = MergeReport(
+            branch=info.branch,
+            run_id=info.run_id,
+            into=into,
+            commit=head,
+            squash=squash,
+            stashed=False,
+        )
         if info.merged:
             report.already_merged = True
             return report

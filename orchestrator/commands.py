@@ -42,21 +42,39 @@ _SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh"})
 _KEYWORDS = frozenset(
     {"if", "then", "do", "else", "elif", "while", "until", "!", "{", "}", "coproc"}
 )
-_WRAPPERS = frozenset({
-    "env", "nohup", "nice", "time", "timeout", "xargs", "exec", "command", "builtin",
-    "setsid", "stdbuf", "ionice", "chrt", "taskset", "busybox", "unbuffer",
-})  # fmt: skip
-_WRAPPER_ARG_OPTS: Mapping[str, frozenset[str]] = MappingProxyType({
-    # options of a wrapper that take the next word as their value
-    "env": frozenset({"-u", "-C", "--unset", "--chdir"}),
-    "timeout": frozenset({"-s", "-k", "--signal", "--kill-after"}),
-    "xargs": frozenset({"-I", "-n", "-P", "-d", "-a", "-E", "-L", "-s"}),
-    "stdbuf": frozenset({"-i", "-o", "-e"}),
-    "nice": frozenset({"-n"}),
-    "ionice": frozenset({"-c", "-n", "-p", "-P", "-u"}),
-    "taskset": frozenset({"-c"}),
-    "exec": frozenset({"-a"}),
-})  # fmt: skip
+_WRAPPERS = frozenset(
+    {
+        "env",
+        "nohup",
+        "nice",
+        "time",
+        "timeout",
+        "xargs",
+        "exec",
+        "command",
+        "builtin",
+        "setsid",
+        "stdbuf",
+        "ionice",
+        "chrt",
+        "taskset",
+        "busybox",
+        "unbuffer",
+    }
+)
+_WRAPPER_ARG_OPTS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        # options of a wrapper that take the next word as their value
+        "env": frozenset({"-u", "-C", "--unset", "--chdir"}),
+        "timeout": frozenset({"-s", "-k", "--signal", "--kill-after"}),
+        "xargs": frozenset({"-I", "-n", "-P", "-d", "-a", "-E", "-L", "-s"}),
+        "stdbuf": frozenset({"-i", "-o", "-e"}),
+        "nice": frozenset({"-n"}),
+        "ionice": frozenset({"-c", "-n", "-p", "-P", "-u"}),
+        "taskset": frozenset({"-c"}),
+        "exec": frozenset({"-a"}),
+    }
+)
 _NO_OPTS: frozenset[str] = frozenset()
 _PRIVILEGED = frozenset({"sudo", "doas"})
 _SUDO_ARG_OPTS = frozenset({"-u", "-g", "-C", "-h", "-p", "-D", "-r", "-t", "-U"})

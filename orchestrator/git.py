@@ -59,24 +59,55 @@ IDENTITY_KEYS = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
 FORCED_CONFIG: tuple[tuple[str, str], ...] = (
-    ("core.fsmonitor", "false"), ("core.untrackedCache", "false"),  # mtimes must not hide files
-    ("core.attributesFile", os.devnull), ("core.pager", "cat"), ("core.editor", "true"),
-    ("core.sshCommand", "false"), ("core.useReplaceRefs", "false"),
-    ("submodule.recurse", "false"), ("status.submoduleSummary", "false"),
-    ("diff.ignoreSubmodules", "dirty"), ("fetch.recurseSubmodules", "false"),
+    ("core.fsmonitor", "false"),
+    ("core.untrackedCache", "false"),  # mtimes must not hide files
+    ("core.attributesFile", os.devnull),
+    ("core.pager", "cat"),
+    ("core.editor", "true"),
+    ("core.sshCommand", "false"),
+    ("core.useReplaceRefs", "false"),
+    ("submodule.recurse", "false"),
+    ("status.submoduleSummary", "false"),
+    ("diff.ignoreSubmodules", "dirty"),
+    ("fetch.recurseSubmodules", "false"),
     ("diff.external", ""),  # empty: git fails instead of running anything
-    ("protocol.allow", "never"), ("protocol.file.allow", "never"), ("credential.helper", ""),
-    ("commit.gpgSign", "false"), ("tag.gpgSign", "false"), ("log.showSignature", "false"),
-    ("merge.verifySignatures", "false"), ("gpg.program", "false"),
-    ("gpg.openpgp.program", "false"), ("gpg.x509.program", "false"),
-    ("gpg.ssh.program", "false"), ("rerere.enabled", "false"), ("gc.auto", "0"),
-    ("maintenance.auto", "false"), ("color.ui", "false"),
-)  # fmt: skip
+    ("protocol.allow", "never"),
+    ("protocol.file.allow", "never"),
+    ("credential.helper", ""),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("log.showSignature", "false"),
+    ("merge.verifySignatures", "false"),
+    ("gpg.program", "false"),
+    ("gpg.openpgp.program", "false"),
+    ("gpg.x509.program", "false"),
+    ("gpg.ssh.program", "false"),
+    ("rerere.enabled", "false"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("color.ui", "false"),
+)
 # commands that never apply attributes-driven drivers (no checkout, no worktree diff)
-_NO_DRIVERS = frozenset({"rev-parse", "rev-list", "for-each-ref", "update-ref", "symbolic-ref",
-                         "branch", "merge-base", "config", "show-ref", "cat-file",
-                         "var", "version", "worktree list", "worktree lock", "worktree unlock",
-                         "worktree prune"})  # fmt: skip
+_NO_DRIVERS = frozenset(
+    {
+        "rev-parse",
+        "rev-list",
+        "for-each-ref",
+        "update-ref",
+        "symbolic-ref",
+        "branch",
+        "merge-base",
+        "config",
+        "show-ref",
+        "cat-file",
+        "var",
+        "version",
+        "worktree list",
+        "worktree lock",
+        "worktree unlock",
+        "worktree prune",
+    }
+)
 _LOCK_MARKERS = ("index.lock", "could not lock", ".lock': file exists", "unable to create")
 
 
@@ -160,8 +191,12 @@ def driver_overrides(listing: str) -> tuple[list[tuple[str, str]], set[str], boo
         if not sub:
             continue
         if section == "filter" and var in ("clean", "smudge", "process", "required"):
-            for name, value in (("clean", ""), ("smudge", ""), ("process", ""),
-                                ("required", "false")):  # fmt: skip
+            for name, value in (
+                ("clean", ""),
+                ("smudge", ""),
+                ("process", ""),
+                ("required", "false"),
+            ):
                 found[f"filter.{sub}.{name}"] = value
         elif section == "diff" and var in ("textconv", "command", "cachetextconv"):
             found[f"diff.{sub}.textconv"] = ""
@@ -221,8 +256,12 @@ def _user_settings() -> tuple[str, list[str]]:
         if not config.is_file():
             continue
         for name in ("core.excludesFile", "safe.directory"):
-            cmd = prepare(("config", "--file", str(config), "--get-all", name), None,
-                          cwd=_private_dir() / "home", user=False)  # fmt: skip
+            cmd = prepare(
+                ("config", "--file", str(config), "--get-all", name),
+                None,
+                cwd=_private_dir() / "home",
+                user=False,
+            )
             values = [v for v in _run_sync(cmd, 30.0).out.splitlines() if v.strip()]
             if values and name == "core.excludesFile":
                 excludes = str(Path(values[-1]).expanduser())
@@ -249,19 +288,34 @@ def hardened_env(
     """
     base = _private_dir()
     env = {
-        "PATH": _clean_path(), "HOME": str(base / "home"), "LANG": "C", "LC_ALL": "C",
-        "LANGUAGE": "C", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_SYSTEM": os.devnull,
-        "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
-        "GIT_OPTIONAL_LOCKS": "0", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_PAGER": "cat",
-        "GIT_EDITOR": "true", "GIT_SEQUENCE_EDITOR": "true", "GIT_MERGE_AUTOEDIT": "no",
-    }  # fmt: skip
+        "PATH": _clean_path(),
+        "HOME": str(base / "home"),
+        "LANG": "C",
+        "LC_ALL": "C",
+        "LANGUAGE": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_SYSTEM": os.devnull,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_PAGER": "cat",
+        "GIT_EDITOR": "true",
+        "GIT_SEQUENCE_EDITOR": "true",
+        "GIT_MERGE_AUTOEDIT": "no",
+    }
     for key, value in (identity or {}).items():
         if key not in IDENTITY_KEYS:
             raise ValueError(f"{key} is not an author/committer variable")
         env[key] = value
     excludes = _user_settings()[0] if user else os.devnull
-    forced = [("core.hooksPath", str(base / "hooks")), ("core.excludesFile", excludes),
-              *FORCED_CONFIG, *config]  # fmt: skip
+    forced = [
+        ("core.hooksPath", str(base / "hooks")),
+        ("core.excludesFile", excludes),
+        *FORCED_CONFIG,
+        *config,
+    ]
     env["GIT_CONFIG_COUNT"] = str(len(forced))
     for n, (key, value) in enumerate(forced):
         env[f"GIT_CONFIG_KEY_{n}"] = key
@@ -339,9 +393,14 @@ def _not_started(cmd: GitCommand, e: OSError) -> OrchError:
 def _run_sync(cmd: GitCommand, timeout_s: float) -> GitResult:
     try:
         proc = subprocess.Popen(
-            cmd.argv, cwd=cmd.cwd, env=cmd.env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+            cmd.argv,
+            cwd=cmd.cwd,
+            env=cmd.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as e:
         raise _not_started(cmd, e) from e
     try:
@@ -360,10 +419,14 @@ def _run_sync(cmd: GitCommand, timeout_s: float) -> GitResult:
 async def _run_async(cmd: GitCommand, timeout_s: float) -> GitResult:
     try:
         proc = await asyncio.create_subprocess_exec(
-            *cmd.argv, cwd=cmd.cwd, env=cmd.env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *cmd.argv,
+            cwd=cmd.cwd,
+            env=cmd.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-        )  # fmt: skip
+        )
     except OSError as e:
         raise _not_started(cmd, e) from e
     try:
@@ -386,8 +449,12 @@ _LIST_CONFIG = ("config", "--list", "--show-scope", "--show-origin", "--null", "
 
 
 def _config_signature(repo: RepoPaths, origins: set[str]) -> tuple[tuple[str, int, int, int], ...]:
-    files = {str(repo.common_dir / "config"), str(repo.common_dir / "config.worktree"),
-             str(repo.git_dir / "config.worktree"), *origins}  # fmt: skip
+    files = {
+        str(repo.common_dir / "config"),
+        str(repo.common_dir / "config.worktree"),
+        str(repo.git_dir / "config.worktree"),
+        *origins,
+    }
     sig = []
     for name in sorted(files):
         try:
@@ -472,7 +539,11 @@ def spawn_sync(args: Sequence[str], repo: RepoPaths, stdin: int | None) -> subpr
     config = neutralizing_config_sync(repo) if _needs_neutralizing(args) else []
     cmd = prepare(args, repo, config=config)
     return subprocess.Popen(
-        cmd.argv, cwd=cmd.cwd, env=cmd.env,
+        cmd.argv,
+        cwd=cmd.cwd,
+        env=cmd.env,
         stdin=subprocess.DEVNULL if stdin is None else stdin,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )

@@ -55,18 +55,44 @@ __all__ = [
 ]
 
 ENV_WHITELIST = frozenset(
-    {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME", "SHELL",
-     "NO_COLOR"}
-)  # fmt: skip
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TERM",
+        "TZ",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "NO_COLOR",
+    }
+)
 CHAIN_PREFIX = "ORCH_"
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC_", re.IGNORECASE)
 
 # Relative to the user's HOME: credentials and orch's own state, never shown to a command.
 HOME_SECRETS = (
-    ".ssh", ".aws", ".config/gcloud", ".docker", ".netrc", ".orch", ".gnupg", ".kube",
-    ".azure", ".git-credentials", ".config/git/credentials", ".config/gh", ".npmrc",
-    ".pypirc", ".cargo/credentials.toml", ".claude", ".pgpass", ".pg_service.conf",
-)  # fmt: skip
+    ".ssh",
+    ".aws",
+    ".config/gcloud",
+    ".docker",
+    ".netrc",
+    ".orch",
+    ".gnupg",
+    ".kube",
+    ".azure",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".config/gh",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials.toml",
+    ".claude",
+    ".pgpass",
+    ".pg_service.conf",
+)
 
 PRIVATE_TMP = Path("/tmp")
 PRIVATE_RUN = Path("/run")  # sockets that hand out root (docker.sock), D-Bus, systemd

@@ -71,8 +71,13 @@ def main_root_from(common_dir: str | Path, toplevel: str | Path) -> Path:
 
 # -- where a repository is -----------------------------------------------------------------
 
-_DISCOVER = ("rev-parse", "--path-format=absolute", "--absolute-git-dir", "--git-common-dir",
-             "--show-toplevel")  # fmt: skip
+_DISCOVER = (
+    "rev-parse",
+    "--path-format=absolute",
+    "--absolute-git-dir",
+    "--git-common-dir",
+    "--show-toplevel",
+)
 
 
 def _located(path: Path, result: GitResult) -> RepoPaths:
@@ -237,6 +242,14 @@ async def worktree_entries(main: RepoPaths) -> list[dict[str, str]]:
 
 
 async def diff_stats(repo: RepoPaths, base: str, head: str) -> tuple[int, int, int]:
-    result = await git("diff", "--shortstat", "--no-textconv", "--no-ext-diff",
-                       "--ignore-submodules=dirty", base, head, repo=repo)  # fmt: skip
+    result = await git(
+        "diff",
+        "--shortstat",
+        "--no-textconv",
+        "--no-ext-diff",
+        "--ignore-submodules=dirty",
+        base,
+        head,
+        repo=repo,
+    )
     return parse_shortstat(result.out)

@@ -173,9 +173,15 @@ def writer_followup(task: str, branch: str, n: int, verdict: Verdict) -> str:
 
 
 def reviewer_prompt(
-    task: str, branch: str, base: str, commit: str, diff: str, n: int, rounds: int,
+    task: str,
+    branch: str,
+    base: str,
+    commit: str,
+    diff: str,
+    n: int,
+    rounds: int,
     previous: Verdict | None,
-) -> str:  # fmt: skip
+) -> str:
     earlier = ""
     if previous is not None:
         earlier = (
@@ -254,10 +260,20 @@ class _Team:
     runner: Runner
 
     def __init__(
-        self, definition: AgentDefinition, *, repo: RepoPaths, workdir: Path, prompt: str,
-        writer: str, reviewer: str, rounds: int, isolation: str, merge: bool, result: TeamResult,
+        self,
+        definition: AgentDefinition,
+        *,
+        repo: RepoPaths,
+        workdir: Path,
+        prompt: str,
+        writer: str,
+        reviewer: str,
+        rounds: int,
+        isolation: str,
+        merge: bool,
+        result: TeamResult,
         allow_control_files: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.definition = definition
         self.allow_control_files = allow_control_files
         self.repo = repo
@@ -295,10 +311,13 @@ class _Team:
         self, agent: str, prompt: str, description: str, isolation: str, **tier: str
     ) -> RunRecord:
         spec = RunSpec(
-            prompt=prompt, agent=agent, description=description, parent_run_id=self.root.run_id,
+            prompt=prompt,
+            agent=agent,
+            description=description,
+            parent_run_id=self.root.run_id,
             workdir=self.workdir,
             workspace=tier_config(isolation).model_copy(update=tier),
-        )  # fmt: skip
+        )
         return await self.runner.wait(await self.runner.spawn(spec))
 
     async def _rounds(self) -> None:
@@ -340,9 +359,10 @@ class _Team:
             verdict = await self._review(n, res.branch, res.commit, previous)
             res.verdicts.append(verdict)
             self.runner.event(
-                self.root.run_id, "team_verdict",
+                self.root.run_id,
+                "team_verdict",
                 {"round": n, "commit": res.commit, **verdict.model_dump()},
-            )  # fmt: skip
+            )
             if verdict.approved:
                 res.approved = True
                 return
@@ -372,9 +392,10 @@ class _Team:
             except VerdictError as e:
                 problem = str(e)
                 self.runner.event(
-                    self.root.run_id, "team_bad_verdict",
+                    self.root.run_id,
+                    "team_bad_verdict",
                     {"round": n, "run_id": rrec.run_id, "problem": problem},
-                )  # fmt: skip
+                )
                 prompt = reviewer_retry(first, rrec.output, problem)
         raise OrchError(
             f"round {n}: the reviewer's verdict was malformed twice (runs {', '.join(seen)}): "
@@ -416,8 +437,15 @@ class _Team:
         res.status = status
         artifacts: list[dict[str, Any]] = []
         if res.branch and res.commit:
-            artifacts.append({"kind": "branch", "branch": res.branch, "base": res.base,
-                              "commit": res.commit, **self.stats})  # fmt: skip
+            artifacts.append(
+                {
+                    "kind": "branch",
+                    "branch": res.branch,
+                    "base": res.base,
+                    "commit": res.commit,
+                    **self.stats,
+                }
+            )
         error = None if status == RunStatus.SUCCEEDED else res.error or status.value
         return LoopOutcome(status, self.summary(), error, artifacts)
 
@@ -463,13 +491,22 @@ async def run_team(
         system_prompt="",
         source="orch team",
     )
-    result = TeamResult(root_run_id="", chain_id="", status=RunStatus.RUNNING, base=base,
-                        max_rounds=rounds)  # fmt: skip
+    result = TeamResult(
+        root_run_id="", chain_id="", status=RunStatus.RUNNING, base=base, max_rounds=rounds
+    )
     team = _Team(
-        definition, repo=repo, workdir=workdir, prompt=prompt, writer=writer,
-        reviewer=reviewer, rounds=rounds, isolation=isolation, merge=merge, result=result,
+        definition,
+        repo=repo,
+        workdir=workdir,
+        prompt=prompt,
+        writer=writer,
+        reviewer=reviewer,
+        rounds=rounds,
+        isolation=isolation,
+        merge=merge,
+        result=result,
         allow_control_files=allow_control_files,
-    )  # fmt: skip
+    )
     spec = RunSpec(prompt=prompt, workdir=workdir, workspace=SharedConfig())
     record = await runner.run(spec, driver=team)
     result.root_run_id, result.chain_id = record.run_id, record.chain_id

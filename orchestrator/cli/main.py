@@ -243,13 +243,23 @@ def task(
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
     spec = root_spec(
-        project, prompt, agent=agent, isolation=isolation, max_depth=max_depth,
-        max_turns=max_turns, timeout=timeout, background=background, description=description,
-    )  # fmt: skip
+        project,
+        prompt,
+        agent=agent,
+        isolation=isolation,
+        max_depth=max_depth,
+        max_turns=max_turns,
+        timeout=timeout,
+        background=background,
+        description=description,
+    )
     runner = make_runner(
-        project, provider, agents_dir or [], model_spec=model,
+        project,
+        provider,
+        agents_dir or [],
+        model_spec=model,
         overrides=overrides,
-    )  # fmt: skip
+    )
     record = run_tree(runner, spec, None if background else live_view(project.store, out, as_json))
     if background:
         if as_json:
@@ -290,9 +300,12 @@ def resume(
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
     spec = RunSpec(
-        prompt=prompt, workdir=project.workdir, resume=old.run_id, background=background,
+        prompt=prompt,
+        workdir=project.workdir,
+        resume=old.run_id,
+        background=background,
         model=None if model is None or model.startswith("scripted:") else model,
-    )  # fmt: skip
+    )
     runner = make_runner(
         project, provider, agents_dir or [], model_spec=model, overrides={"model": model}
     )
@@ -300,9 +313,13 @@ def resume(
     if background:
         if as_json:
             print_json(
-                {"run_id": record.run_id, "chain_id": record.chain_id,
-                 "resumed_from": old.run_id, "status": "running"}
-            )  # fmt: skip
+                {
+                    "run_id": record.run_id,
+                    "chain_id": record.chain_id,
+                    "resumed_from": old.run_id,
+                    "status": "running",
+                }
+            )
         else:
             out.print(record.run_id)
             err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")

@@ -119,12 +119,20 @@ def _rows() -> list[dict[str, Any]]:
         labels = c["labels"]
         created = labels.get("orch.created_at", "")
         rows.append(
-            {"id": c["id"][:12], "run_id": labels.get("orch.run_id") or None,
-             "chain_id": labels.get("orch.chain_id") or None, "agent": labels.get("orch.agent"),
-             "pool": labels.get("orch.pool") == "true", "owner_pid": labels.get("orch.owner_pid"),
-             "owner_alive": c["owner_alive"], "state": c["state"], "status": c["status"],
-             "image": c["image"], "created_at": float(created) if created else None}
-        )  # fmt: skip
+            {
+                "id": c["id"][:12],
+                "run_id": labels.get("orch.run_id") or None,
+                "chain_id": labels.get("orch.chain_id") or None,
+                "agent": labels.get("orch.agent"),
+                "pool": labels.get("orch.pool") == "true",
+                "owner_pid": labels.get("orch.owner_pid"),
+                "owner_alive": c["owner_alive"],
+                "state": c["state"],
+                "status": c["status"],
+                "image": c["image"],
+                "created_at": float(created) if created else None,
+            }
+        )
     return rows
 
 

@@ -82,9 +82,14 @@ def list_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
     for i in infos:
         changes = f"{i.files_changed} files +{i.insertions} -{i.deletions}"
         table.add_row(
-            safe_text(i.branch), safe_text(i.run_id or "-"), str(i.ahead), str(i.behind), changes,
-            "yes" if i.merged else "no", safe_text(i.path or "-"),
-        )  # fmt: skip
+            safe_text(i.branch),
+            safe_text(i.run_id or "-"),
+            str(i.ahead),
+            str(i.behind),
+            changes,
+            "yes" if i.merged else "no",
+            safe_text(i.path or "-"),
+        )
     Console().print(table)
 
 
@@ -126,10 +131,12 @@ def merge_cmd(
         typer.echo(shown(f"{report.branch} is already merged into {report.into}"))
     else:
         how = "squash-merged" if report.squash else "merged"
-        typer.echo(shown(
-            f"{how} {report.branch} into {report.into} ({report.commit[:10]}): "
-            f"{report.files_changed} files +{report.insertions} -{report.deletions}"
-        ))  # fmt: skip
+        typer.echo(
+            shown(
+                f"{how} {report.branch} into {report.into} ({report.commit[:10]}): "
+                f"{report.files_changed} files +{report.insertions} -{report.deletions}"
+            )
+        )
     if report.control_files and not as_json:
         files = ", ".join(report.control_files)
         typer.echo(shown(f"orch: merged changes to control files: {files}"), err=True)
@@ -177,7 +184,13 @@ def prune_cmd(
     for branch in report.kept_branches:
         typer.echo(shown(f"kept unmerged branch {branch} (merge it, or prune --force)"))
     if not any(
-        (report.salvaged, report.removed_worktrees, report.running,
-         report.deleted_branches, report.kept_branches, refs)
-    ):  # fmt: skip
+        (
+            report.salvaged,
+            report.removed_worktrees,
+            report.running,
+            report.deleted_branches,
+            report.kept_branches,
+            refs,
+        )
+    ):
         typer.echo("nothing to prune")
