@@ -27,15 +27,8 @@ from orchestrator.branches import (
 )
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import UsageError
-from orchestrator.git import (
-    GitError,
-    RepoPaths,
-    driver_overrides,
-    git,
-    git_sync,
-    hardened_env,
-    prepare,
-)
+from orchestrator.git import GitError, RepoPaths, driver_overrides, git, git_sync
+from orchestrator.gitprocess import hardened_env, prepare
 from orchestrator.repo import diff_stats, discover_sync, ensure_orch_dir, locate, worktree_paths
 from orchestrator.run import new_run_id
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
