@@ -272,18 +272,10 @@ class Catalog:
     errors: list[DefinitionError] = field(default_factory=list)
 
     def agent(self, name: str) -> AgentDefinition:
-        if (found := self.agents.get(name)) is None:
-            names = ", ".join(sorted(self.agents)) or "(none)"
-            msg = f"unknown agent {name!r}; available agents: {names} (see `orch agents list`)"
-            raise UnknownAgent(msg)
-        return found
+        return _named(self.agents, "agent", name, UnknownAgent)
 
     def skill(self, name: str) -> SkillDefinition:
-        if (found := self.skills.get(name)) is None:
-            names = ", ".join(sorted(self.skills)) or "(none)"
-            msg = f"unknown skill {name!r}; available skills: {names} (see `orch skills list`)"
-            raise UnknownSkill(msg)
-        return found
+        return _named(self.skills, "skill", name, UnknownSkill)
 
     def skill_catalog_text(self, names: list[str] | None = None) -> str:
         """``- name: description`` lines for a system prompt; bodies come via ``skill()``."""
@@ -309,6 +301,15 @@ def skill_files(directory: Path) -> list[Path]:
 
 
 _D = TypeVar("_D", bound=AgentDefinition | SkillDefinition)
+
+
+def _named(found: dict[str, _D], kind: str, name: str, unknown: type[UsageError]) -> _D:
+    """The definition called ``name``; else ``unknown`` lists the names there are."""
+    if name not in found:
+        names = ", ".join(sorted(found)) or "(none)"
+        see = f"(see `orch {kind}s list`)"
+        raise unknown(f"unknown {kind} {name!r}; available {kind}s: {names} {see}")
+    return found[name]
 
 
 def _load_dirs(

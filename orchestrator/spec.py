@@ -10,10 +10,20 @@ detached worker (the stored spec of a queued run) and ``orch resume``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from .workspaces.registry import WorkspaceConfig
+
+
+def _not_blank(v: str) -> str:
+    if not v.strip():
+        raise ValueError("prompt must not be blank")
+    return v
+
+
+Prompt = Annotated[str, AfterValidator(_not_blank)]  # a run's prompt (and the task tool's)
 
 
 class Limits(BaseModel):
@@ -39,7 +49,7 @@ class Budgets(BaseModel):
 class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1)
+    prompt: Prompt = Field(min_length=1)
     agent: str | None = None  # None: the default agent ("general")
     description: str = ""
     model: str | None = None  # alias or id; None: the agent's, else the parent's, else default
@@ -54,10 +64,3 @@ class RunSpec(BaseModel):
     # A run id: continue that ended run's conversation with ``prompt`` as the next user
     # message (a new run, same agent, tier, branch and chain; see admission.resumable).
     resume: str | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("prompt must not be blank")
-        return v

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -64,6 +65,37 @@ def _source(source: str) -> str:
         return source.replace(str(Path.home()), "~", 1)
 
 
+def _print_list(
+    catalog: Catalog,
+    kind: str,
+    dumped: list[dict[str, Any]],
+    json_out: bool,
+    columns: dict[str, dict[str, Any]],
+    rows: Sequence[Sequence[str]],
+    warnings: Sequence[Sequence[str]],
+) -> None:
+    """``orch agents list`` / ``orch skills list``: JSON, or a table (with a WARN count) and the
+    catalog's errors."""
+    if json_out:
+        print_json({kind: dumped, "errors": [str(e) for e in catalog.errors]})
+        return
+    table = Table(box=None, header_style="bold", expand=True)
+    for title, options in {**columns, "WARN": {"no_wrap": True}}.items():
+        table.add_column(title, **options)
+    for row, warned in zip(rows, warnings, strict=True):
+        table.add_row(*(safe_markup(cell) for cell in row), str(len(warned)) if warned else "")
+    out.print(table)
+    _report_errors(catalog)
+
+
+def _print_body(warnings: list[str], title: str, body: str) -> None:
+    """A definition's warnings, then its body (a system prompt, a skill's instructions)."""
+    for warning in warnings:
+        out.print(f"[yellow]warning:[/] {safe_markup(warning)}")
+    out.rule(title)
+    out.print(safe_text(body, multiline=True))
+
+
 @agents_app.command("list")
 @handles_errors
 def agents_list(
@@ -72,34 +104,27 @@ def agents_list(
     """List the agents that `task` and `orch task --agent` can use."""
     catalog = open_catalog(agents_dir, workdir)
     agents = sorted(catalog.agents.values(), key=lambda a: a.name)
-    if json_out:
-        print_json(
-            {
-                "agents": [a.model_dump(exclude={"system_prompt"}) for a in agents],
-                "errors": [str(e) for e in catalog.errors],
-            }
+    columns: dict[str, dict[str, Any]] = {
+        "NAME": {"no_wrap": True},
+        "DESCRIPTION": {"no_wrap": True, "overflow": "ellipsis", "ratio": 3},
+        "MODEL": {"no_wrap": True},
+        "TOOLS": {"ratio": 2},
+        "ISOLATION": {"no_wrap": True},
+        "SOURCE": {"overflow": "fold", "ratio": 2},
+    }
+    rows = [
+        (
+            a.name,
+            _short(a.description),
+            a.model or "inherit",
+            "all" if a.tools is None else ", ".join(a.tools) or "none",
+            a.isolation or "-",
+            _source(a.source),
         )
-        return
-    table = Table(box=None, header_style="bold", expand=True)
-    table.add_column("NAME", no_wrap=True)
-    table.add_column("DESCRIPTION", no_wrap=True, overflow="ellipsis", ratio=3)
-    table.add_column("MODEL", no_wrap=True)
-    table.add_column("TOOLS", ratio=2)
-    table.add_column("ISOLATION", no_wrap=True)
-    table.add_column("SOURCE", overflow="fold", ratio=2)
-    table.add_column("WARN", no_wrap=True)
-    for a in agents:
-        table.add_row(
-            safe_markup(a.name),
-            safe_markup(_short(a.description)),
-            safe_markup(a.model or "inherit"),
-            safe_markup("all" if a.tools is None else ", ".join(a.tools) or "none"),
-            safe_markup(a.isolation or "-"),
-            safe_markup(_source(a.source)),
-            str(len(a.warnings)) if a.warnings else "",
-        )
-    out.print(table)
-    _report_errors(catalog)
+        for a in agents
+    ]
+    dumped = [a.model_dump(exclude={"system_prompt"}) for a in agents]
+    _print_list(catalog, "agents", dumped, json_out, columns, rows, [a.warnings for a in agents])
 
 
 @agents_app.command("show")
@@ -134,10 +159,7 @@ def agents_show(
     for key, value in rows.items():
         table.add_row(key, safe_markup(value))
     out.print(table)
-    for warning in agent.warnings:
-        out.print(f"[yellow]warning:[/] {safe_markup(warning)}")
-    out.rule("system prompt")
-    out.print(safe_text(agent.system_prompt or "(empty)", multiline=True))
+    _print_body(agent.warnings, "system prompt", agent.system_prompt or "(empty)")
 
 
 @agents_app.command("validate")
@@ -177,28 +199,14 @@ def skills_list(json_out: JsonOpt = False, workdir: WorkdirOpt = None) -> None:
     """List the skills agents can load with load_skill."""
     catalog = open_catalog(workdir=workdir)
     skills = sorted(catalog.skills.values(), key=lambda s: s.name)
-    if json_out:
-        print_json(
-            {
-                "skills": [s.model_dump(exclude={"body"}) for s in skills],
-                "errors": [str(e) for e in catalog.errors],
-            }
-        )
-        return
-    table = Table(box=None, header_style="bold", expand=True)
-    table.add_column("NAME", no_wrap=True)
-    table.add_column("DESCRIPTION", no_wrap=True, overflow="ellipsis", ratio=2)
-    table.add_column("SOURCE", overflow="fold", ratio=1)
-    table.add_column("WARN", no_wrap=True)
-    for s in skills:
-        table.add_row(
-            safe_markup(s.name),
-            safe_markup(_short(s.description, 90)),
-            safe_markup(_source(s.source)),
-            str(len(s.warnings)) if s.warnings else "",
-        )
-    out.print(table)
-    _report_errors(catalog)
+    columns: dict[str, dict[str, Any]] = {
+        "NAME": {"no_wrap": True},
+        "DESCRIPTION": {"no_wrap": True, "overflow": "ellipsis", "ratio": 2},
+        "SOURCE": {"overflow": "fold", "ratio": 1},
+    }
+    rows = [(s.name, _short(s.description, 90), _source(s.source)) for s in skills]
+    dumped = [s.model_dump(exclude={"body"}) for s in skills]
+    _print_list(catalog, "skills", dumped, json_out, columns, rows, [s.warnings for s in skills])
 
 
 @skills_app.command("show")
@@ -215,7 +223,4 @@ def skills_show(
         return
     out.print(f"[bold]{safe_markup(skill.name)}[/] ({safe_markup(skill.source)})")
     out.print(safe_text(" ".join(skill.description.split())))
-    for warning in skill.warnings:
-        out.print(f"[yellow]warning:[/] {safe_markup(warning)}")
-    out.rule()
-    out.print(safe_text(skill.body, multiline=True))
+    _print_body(skill.warnings, "", skill.body)

@@ -41,7 +41,7 @@ from .live import LiveView, branch_lines, live_view
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
-    from ..models import ScriptedModel
+    from ..models import ModelProvider, ScriptedModel
     from ..runner import Runner
     from ..spec import RunSpec
 
@@ -260,15 +260,29 @@ def task(
         model_spec=model,
         overrides=overrides,
     )
+    _run_root(project, runner, spec, provider, as_json)
+
+
+def _run_root(
+    project: Project,
+    runner: Runner,
+    spec: RunSpec,
+    provider: ModelProvider,
+    as_json: bool,
+    **shown: str,
+) -> None:
+    """Run a root run: in the foreground drawn live and reported; in the background (the
+    spec's ``background``) only its id is printed (``shown``: more keys of that JSON)."""
+    background = spec.background
     record = run_tree(runner, spec, None if background else live_view(project.store, out, as_json))
-    if background:
-        if as_json:
-            print_json({"run_id": record.run_id, "chain_id": record.chain_id, "status": "running"})
-        else:
-            out.print(record.run_id)
-            err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")
-        return
-    report(project, record, as_json, provider.scripted)
+    if not background:
+        report(project, record, as_json, provider.scripted)
+    elif as_json:
+        ids = {"run_id": record.run_id, "chain_id": record.chain_id}
+        print_json({**ids, **shown, "status": "running"})
+    else:
+        out.print(record.run_id)
+        err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")
 
 
 @app.command()
@@ -309,22 +323,7 @@ def resume(
     runner = make_runner(
         project, provider, agents_dir or [], model_spec=model, overrides={"model": model}
     )
-    record = run_tree(runner, spec, None if background else live_view(project.store, out, as_json))
-    if background:
-        if as_json:
-            print_json(
-                {
-                    "run_id": record.run_id,
-                    "chain_id": record.chain_id,
-                    "resumed_from": old.run_id,
-                    "status": "running",
-                }
-            )
-        else:
-            out.print(record.run_id)
-            err.print(f"orch: running in the background; `orch watch {record.run_id}` follows it")
-        return
-    report(project, record, as_json, provider.scripted)
+    _run_root(project, runner, spec, provider, as_json, resumed_from=old.run_id)
 
 
 @app.command()

@@ -11,6 +11,7 @@ import typer
 from .common import WorkdirOpt, err, handles_errors, open_project, out, print_json
 from .safe import safe_markup as escape  # also writes out control characters
 from .safe import safe_text
+from .worktrees import AllowControlOpt
 
 if TYPE_CHECKING:  # the engine is imported when a team runs, keeping other commands fast
     from ..team import TeamResult
@@ -60,13 +61,7 @@ def run(
     merge: Annotated[
         bool, typer.Option("--merge", help="Merge the branch into your HEAD when approved.")
     ] = False,
-    allow_control_files: Annotated[
-        bool,
-        typer.Option(
-            "--allow-control-files",
-            help="With --merge: also merge changes to orch.toml, .orch/, .claude/, .git*, hooks.",
-        ),
-    ] = False,
+    allow_control_files: AllowControlOpt = False,  # with --merge
     model: Annotated[
         str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
     ] = None,

@@ -26,6 +26,15 @@ worktrees_app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+# ``orch worktrees merge`` and ``orch team run --merge``
+AllowControlOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-control-files",
+        help="Also merge changes to control files (orch.toml, .orch/, .claude/, .git*, "
+        ".github/, hooks); without it such a branch is refused.",
+    ),
+]
 
 
 def _open_store(root: Path) -> RunStore:
@@ -106,14 +115,7 @@ def merge_cmd(
     stash: Annotated[
         bool, typer.Option("--stash", help="Stash your uncommitted changes around the merge.")
     ] = False,
-    allow_control: Annotated[
-        bool,
-        typer.Option(
-            "--allow-control-files",
-            help="Also merge changes to control files (orch.toml, .orch/, .claude/, .git*, "
-            ".github/, hooks); without it such a branch is refused.",
-        ),
-    ] = False,
+    allow_control: AllowControlOpt = False,
     workdir: WorkdirOpt = None,
     as_json: JsonFlag = False,
 ) -> None:

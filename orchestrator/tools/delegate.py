@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from ..guidance import TASK_GUIDANCE, TASK_OUTPUT_GUIDANCE, TASK_STOP_GUIDANCE
+from ..spec import Prompt
 from ..workspaces.registry import TIER_NAMES
 from .base import Tool, ToolContext, ToolInput, ToolOutput
 
@@ -24,7 +25,7 @@ class _Unbounded(Tool):
 
 class TaskInput(ToolInput):
     description: str = Field(default="", max_length=200, description="A short (3-5 word) label.")
-    prompt: str = Field(
+    prompt: Prompt = Field(
         min_length=1,
         description=(
             "The complete task for the child agent. It must be self-contained: the child sees "
@@ -52,13 +53,6 @@ class TaskInput(ToolInput):
         description="Return at once with a task_id; you are notified when it finishes, "
         "and can collect it with task_output.",
     )
-
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("prompt must not be blank")
-        return v
 
 
 class TaskTool(_Unbounded):
