@@ -83,7 +83,7 @@ def check_store(workdir: Path, settings: Settings) -> Check:
 
 def _postgres(url: str) -> Check:
     from ..store.postgres import PostgresStore
-    from ..store.url import endpoint, redact
+    from ..storeurl import endpoint, redact
 
     source = "ORCH_STORE" if os.environ.get("ORCH_STORE", "").strip() else "store setting"
     try:
