@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 from ..storeurl import endpoint, local_paths, redact, scrub
 from .base import StoreError
-from .pgschema import SCHEMA, SCHEMA_LOCK, SCHEMA_VERSION
+from .schema import Types, tables
 from .sql import Query, Row, SqlStore, Written
 
 if TYPE_CHECKING:
@@ -58,6 +58,23 @@ MISSING_DRIVER = (
 # second of them (never a status, an output or an ending: those commit synchronously, and a
 # later synchronous commit flushes every earlier one); the database stays consistent.
 ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true)"
+SCHEMA_LOCK = 0x6F72636873746F72  # "orchstor": held while creating the tables
+SCHEMA_VERSION = 1
+# ids sort byte-wise (COLLATE "C") so an id prefix is an index range; orch_schema holds the
+# version, its presence says the tables are there
+SCHEMA = (
+    tables(
+        Types(
+            real="DOUBLE PRECISION",
+            boolean="BOOLEAN",
+            false="FALSE",
+            serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+            key_collation=' COLLATE "C"',
+            tokens="\n    tokens BIGINT NOT NULL DEFAULT 0,",
+        )
+    )
+    + "CREATE TABLE IF NOT EXISTS orch_schema (version INTEGER NOT NULL);\n"
+)
 _INHERITED: list[Any] = []  # connections of a parent process (after fork): never used, kept
 
 

@@ -21,55 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from .base import make_private, state_dir
+from .schema import Types, tables
 from .sql import Query, Row, SqlStore, Written
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    chain_id TEXT NOT NULL,
-    parent_run_id TEXT,
-    depth INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    pid INTEGER,
-    heartbeat_at REAL,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_chain ON runs(chain_id);
-CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id);
-CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
-CREATE INDEX IF NOT EXISTS runs_created ON runs(created_at);
-CREATE INDEX IF NOT EXISTS runs_updated ON runs(updated_at);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
-CREATE TABLE IF NOT EXISTS resources (
-    run_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    ref TEXT NOT NULL,
-    owner_pid INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (kind, ref)
-);
-CREATE TABLE IF NOT EXISTS outputs (
-    run_id TEXT PRIMARY KEY,
-    text TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS transcripts (
-    run_id TEXT PRIMARY KEY,
-    saved_at REAL NOT NULL,
-    truncated INTEGER NOT NULL DEFAULT 0,
-    messages TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS transcripts_saved ON transcripts(saved_at);
-"""
+# the types of an older orch's tables (a file any SQLite reads)
+SCHEMA = tables(
+    Types(
+        real="REAL",
+        boolean="INTEGER",
+        false="0",
+        serial="INTEGER PRIMARY KEY AUTOINCREMENT",
+    )
+)
 
 DB_FILE = "orch.db"
 DB_MODE = 0o600
