@@ -68,7 +68,7 @@ def _fill(root: Path, n: int) -> None:
     """n ended runs from the past days, in chains of four, and a few running now."""
     old = time.time() - 3 * 86400
     store = SqliteStore.for_project(root)
-    db = store._conn()
+    db = store.dialect.conn()
     db.execute("BEGIN")
     for i in range(n):
         rec = RunRecord(

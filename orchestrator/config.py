@@ -340,12 +340,12 @@ class Settings(BaseModel):
     @field_validator("store")
     @classmethod
     def _store_url(cls, v: str | None) -> str | None:
-        from .store.url import POSTGRES_SCHEMES, is_postgres
+        from .storeurl import SCHEMES, backend
 
         if v is None or not v.strip():
             return None
-        if not is_postgres(v):  # the message never holds the value (it may hold a password)
-            raise ValueError(f"give a {' or '.join(POSTGRES_SCHEMES)} URL, or leave it out")
+        if backend(v) is None:  # the message never holds the value (it may hold a password)
+            raise ValueError(f"give a {' or '.join(SCHEMES)} URL, or leave it out")
         return v.strip()
 
     @field_validator("commit_exclude")

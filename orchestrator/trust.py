@@ -318,7 +318,7 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
     check("executor", theirs.executor, theirs.executor != base.executor)
     check("ray", theirs.ray, theirs.ray != base.ray)
     if theirs.store is not None and theirs.store != base.store:
-        from .store.url import redact  # the digest and `orch trust --show`: no password
+        from .storeurl import redact  # the digest and `orch trust --show`: no password
 
         check("store", redact(theirs.store), True)
     t, b = theirs.sandbox, base.sandbox

@@ -496,8 +496,8 @@ def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Pa
     assert fixed == {mine_dead.run_id}  # a dead local pid; the remote ones beat
     # stale heartbeats: both remote runs are gone, whatever their pid is here
     store.update_run(remote.run_id, started_at=now() - 3600)
-    with store._tx() as db:
-        db.execute("UPDATE runs SET heartbeat_at = ?", (now() - background.REMOTE_STALE_S - 5,))
+    with store.dialect.transaction() as query:
+        query("UPDATE runs SET heartbeat_at = ?", (now() - background.REMOTE_STALE_S - 5,))
     ended = {r.run_id: r for r in background.reconcile(store)}
     assert set(ended) == {remote.run_id, remote_init.run_id}
     assert all(r.status == RunStatus.INTERRUPTED for r in ended.values())

@@ -31,7 +31,8 @@ from orchestrator.orchignore import STATE_IGNORE
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.statedir import Refused, adopt
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store, state_dir
-from orchestrator.store.sqlite import _like_prefix, _wal
+from orchestrator.store.sql import like_prefix
+from orchestrator.store.sqlite import _wal
 from orchestrator.workspaces.base import ResourceSink
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -177,7 +178,7 @@ def test_id_prefixes_are_literal_never_like_wildcards(store: RunStore) -> None:
         find_run(store, "_")
     assert find_run(store, "r-ab").run_id == "r-abc123"
 
-    assert _like_prefix("a%b_c\\") == "a\\%b\\_c\\\\%"
+    assert like_prefix("a%b_c\\") == "a\\%b\\_c\\\\%"
     odd = "x%_\\y"  # an id holding every LIKE special character is found by its own prefix
     store.create_run(RunRecord(run_id=odd, chain_id="c"))
     store.create_run(RunRecord(run_id="xa\\\\y", chain_id="c"))  # what an unescaped x%_\ hits
@@ -384,12 +385,16 @@ def test_the_protocol_is_exactly_what_the_engine_and_cli_use() -> None:
     uses = _store_uses()
     missing = {name: where for name, where in uses.items() if name not in members}
     assert not missing, f"used on a store but not declared on RunStore: {missing}"
-    public = {n for n, v in vars(SqliteStore).items() if not n.startswith("_")}
-    # children: a helper of descendants (and of tests); for_project: the SQLite constructor
-    assert public - members == {"children", "for_project"}
     from orchestrator.store.postgres import PostgresStore
+    from orchestrator.store.sql import SqlStore
 
-    assert {n for n in vars(PostgresStore) if not n.startswith("_")} - members == {"children"}
+    def public(cls: type) -> set[str]:  # what a backend's class adds to what it inherits
+        return {n for c in cls.__mro__ if c is not object for n in vars(c) if n[0] != "_"}
+
+    # children: a helper of descendants (and of tests); for_project: the SQLite constructor
+    assert public(SqlStore) - members == {"children"}
+    assert public(SqliteStore) - members == {"children", "for_project"}
+    assert public(PostgresStore) - members == {"children"}
 
 
 def test_package_exports() -> None:

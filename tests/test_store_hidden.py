@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from orchestrator.store import SqliteStore, store_paths
-from orchestrator.store.url import local_paths
+from orchestrator.storeurl import local_paths
 from tests.fakeapi import FakeAPI, Responder, serve, text_reply, tool_reply
 from tests.support import init_repo, need_bwrap, orch
 

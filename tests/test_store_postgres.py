@@ -20,7 +20,7 @@ from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store
 from orchestrator.store.base import TRANSCRIPT_LIMIT
 from orchestrator.store.postgres import PostgresStore
-from orchestrator.store.url import endpoint, redact, scrub
+from orchestrator.storeurl import endpoint, redact, scrub
 from tests.pgserver import PASSWORD, PASSWORD_ROLE, PgServer
 
 pytestmark = pytest.mark.postgres
@@ -281,7 +281,7 @@ def test_a_bad_store_setting_never_echoes_it(tmp_path: Path) -> None:
 def test_only_progress_writes_commit_asynchronously(pg_url: str) -> None:
     store = PostgresStore(pg_url)
     try:
-        conn = store._conn()
+        conn = store.dialect.conn()
         conn.execute("SET synchronous_commit = on")  # the session's (the test server's is off)
         store.create_run(RunRecord(run_id="r-1", chain_id="c"))
         store.note_activity("r-1", "bash", "ls")

@@ -69,36 +69,35 @@ def check_store(workdir: Path, settings: Settings) -> Check:
     from ..store import store_url
     from ..store.base import state_path
     from ..store.sqlite import DB_FILE
+    from ..storeurl import SCHEMES
 
     try:
         url = store_url(settings.store)
     except OrchError as e:
-        fix = "unset ORCH_STORE or give it a postgresql:// URL"
+        fix = f"unset ORCH_STORE or give it a {' or '.join(SCHEMES)} URL"
         return Check(name="store", status=Status.FAIL, detail=str(e), fix=fix, required=True)
     if url is not None:
-        return _postgres(url)
+        return _at_url(url)
     where = state_path(project_root(workdir))
     return _sqlite(where, where / DB_FILE)
 
 
-def _postgres(url: str) -> Check:
-    from ..store.postgres import PostgresStore
-    from ..store.url import endpoint, redact
+def _at_url(url: str) -> Check:
+    from ..store import open_url
+    from ..storeurl import endpoint, redact
 
     source = "ORCH_STORE" if os.environ.get("ORCH_STORE", "").strip() else "store setting"
     try:
-        PostgresStore(url).close()
+        open_url(url).close()
     except OrchError as e:  # its messages never hold the password
         return Check(
             name="store",
             status=Status.FAIL,
-            detail=f"Postgres {redact(url)} ({source}): {e}",
+            detail=f"{redact(url)} ({source}): {e}",
             fix=f"start the server at {endpoint(url)} or correct the URL in {source}",
             required=True,
         )
-    return Check(
-        name="store", status=Status.OK, detail=f"Postgres {redact(url)} ({source})", required=True
-    )
+    return Check(name="store", status=Status.OK, detail=f"{redact(url)} ({source})", required=True)
 
 
 def _mode_problem(path: Path, want: int) -> str | None:

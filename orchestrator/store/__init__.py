@@ -1,27 +1,29 @@
 """The run store: :class:`RunStore` is the contract, :func:`open_store` picks the backend.
 
 SQLite is the default (:class:`SqliteStore`, ``.orch/orch.db`` or ``$ORCH_HOME/orch.db``).
-A ``postgresql://`` (or ``postgres://``) URL in ``ORCH_STORE``, or as ``store`` in the
-settings (``orch.toml``, ``~/.orch/config.toml``), selects the Postgres store
-(:mod:`orchestrator.store.postgres`, the ``postgres`` extra); the environment wins.
-That module, and psycopg, are imported only then.
+A URL in ``ORCH_STORE``, or as ``store`` in the settings (``orch.toml``,
+``~/.orch/config.toml``), selects the backend its scheme names in the registry
+:data:`orchestrator.storeurl.BACKENDS` (``postgresql://`` or ``postgres://``: the Postgres
+store, :mod:`orchestrator.store.postgres`, the ``postgres`` extra); the environment wins.
+A backend's module, and its driver (psycopg), are imported only then.
+
+The SQL backends share one store (:mod:`.sql`: every query) over a dialect each
+(:mod:`.sqlite`, :mod:`.postgres`: connections, transactions, the SQL that differs).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import cast
 
 from ..errors import OrchError, UsageError
 from ..paths import project_root
+from ..storeurl import SCHEMES, backend, local_paths
 from .base import ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore
-from .url import POSTGRES_SCHEMES, is_postgres, local_paths
-
-if TYPE_CHECKING:
-    from .postgres import PostgresStore
 
 __all__ = [
     "ChainUsage",
@@ -36,33 +38,36 @@ __all__ = [
 
 
 def store_url(setting: str | None = None) -> str | None:
-    """The Postgres URL the run store lives at (``ORCH_STORE`` first, then ``setting``),
-    or None for the SQLite store. The value is never echoed: a URL may hold a password."""
+    """The URL the run store lives at (``ORCH_STORE`` first, then ``setting``), or None for
+    the SQLite store. The value is never echoed: a URL may hold a password."""
     url = os.environ.get("ORCH_STORE", "").strip() or (setting or "").strip()
     if not url:
         return None
-    if not is_postgres(url):
+    if backend(url) is None:
         raise UsageError(
             "ORCH_STORE (or `store` in the settings) names no store orch has: give a "
-            f"{' or '.join(POSTGRES_SCHEMES)} URL, or unset it to use the SQLite store "
+            f"{' or '.join(SCHEMES)} URL, or unset it to use the SQLite store "
             "in .orch/ (or $ORCH_HOME)"
         )
     return url
 
 
 def open_store(project_root: Path, setting: str | None = None) -> RunStore:
-    """The run store of a project: Postgres if ``ORCH_STORE`` or ``setting`` (the ``store``
-    of its settings) is a Postgres URL, else SQLite in its state dir."""
+    """The run store of a project: the backend ``ORCH_STORE`` or ``setting`` (the ``store``
+    of its settings) names by its URL's scheme, else SQLite in its state dir."""
     url = store_url(setting)
     if url is None:
         return SqliteStore.for_project(project_root)
-    return _postgres(url)
+    return open_url(url)
 
 
-def _postgres(url: str) -> PostgresStore:
-    from .postgres import PostgresStore
-
-    return PostgresStore(url)
+def open_url(url: str) -> RunStore:
+    """The store at a URL of a registered scheme (its module imported only now)."""
+    where = backend(url)
+    if where is None:
+        raise UsageError(f"no store orch has is at that URL: give a {' or '.join(SCHEMES)} URL")
+    module, _, name = where.partition(":")
+    return cast(RunStore, getattr(importlib.import_module(module), name)(url))
 
 
 def store_paths(store: RunStore, workdir: Path) -> list[str]:

@@ -1,5 +1,10 @@
 """Store URLs, without a driver: which backend a URL names, and how to show it safely.
 
+The settings (``store``), the trust digest and the store itself read these rules, so they
+sit below all three (the store package imports the settings' layer, never the reverse).
+:data:`BACKENDS` is the registry of store backends by URL scheme; a URL-less store is
+SQLite in the project's state dir.
+
 A ``postgresql://user:password@host:port/db?options`` URL may hold a password (in its
 user part or as a ``password=`` option). Nothing orch prints, logs or records holds it:
 messages name the store with :func:`redact` or :func:`endpoint`, and :func:`scrub` takes
@@ -10,12 +15,20 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, unquote, urlencode
 
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+# scheme -> "module:class" of its RunStore, constructed with the URL; imported only when a
+# URL of that scheme is used (a backend may need a driver: psycopg for Postgres)
+BACKENDS: dict[str, str] = {
+    "postgresql": "orchestrator.store.postgres:PostgresStore",
+    "postgres": "orchestrator.store.postgres:PostgresStore",
+}
+SCHEMES = tuple(f"{scheme}://" for scheme in BACKENDS)
 _SECRET_OPTIONS = {"password", "passfile", "sslpassword"}
 
 
-def is_postgres(url: str) -> bool:
-    return url.strip().lower().startswith(POSTGRES_SCHEMES)
+def backend(url: str) -> str | None:
+    """The ``module:class`` of the store a URL names, or None if orch has no such store."""
+    scheme, sep, _ = url.strip().partition("://")
+    return BACKENDS.get(scheme.lower()) if sep else None
 
 
 def _split(url: str) -> tuple[str, str, str, str, str]:

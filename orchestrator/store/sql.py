@@ -1,0 +1,403 @@
+"""The SQL run store: every query, once, over a :class:`Dialect` that owns the database.
+
+Tables (the dialect creates them, in its own types): ``runs`` (one row per run: its
+QueryChain position, limits, status, progress and result, as JSON in ``data``),
+``events`` (append-only: run_started, tool_call, tool_result, child_spawned,
+run_finished, ...), ``outputs``, ``transcripts`` (a run's conversation as JSON text,
+bounded, for resume) and ``resources`` (process groups, worktrees, containers a run owns,
+registered as they start, so a crashed owner's leftovers can be found and reaped).
+
+:class:`SqlStore` holds the queries every backend shares, written with ``?`` placeholders
+and standard SQL (``ON CONFLICT … DO UPDATE``, ``RETURNING``). A dialect owns the rest:
+its connections (one per thread), its transactions (a write is one transaction; a
+read-modify-write holds the run's row from the read to the commit), how a driver's
+errors reach the user, how an output is kept, and the few statements whose SQL differs
+(the row lock, the event insert, the heartbeat and the sum of a chain's tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import NotFound
+from ..run import Activity, RunRecord, RunStatus, now
+from .base import ChainUsage, bound_transcript
+
+RECENT_ACTIVITIES = 5
+LIKE_ESCAPE = "\\"
+LIVE = "status IN ('queued', 'running')"
+BATCH = 500  # ids per IN (...) when walking a tree (SQLite allows 32766 variables)
+
+Row = tuple[Any, ...]
+Query = Callable[[str, Sequence[Any]], list[Row]]  # a statement in an open transaction
+
+
+@dataclass(frozen=True)
+class Written:
+    rows: list[Row]  # what a RETURNING clause gave
+    count: int  # rows the statement changed
+
+
+class Dialect(Protocol):
+    """What differs between SQL backends (see the module doc). SQL is written with ``?``."""
+
+    holds_nul: bool  # can a text column hold "\x00" (else no id with one is in the store)
+    tokens_column: bool  # runs.tokens kept (input + output tokens of the record)
+    chain_tokens: str  # SQL: the sum of a chain's tokens, over its rows of runs
+    insert_event: str  # (run_id, at, kind, data) -> one row: the new id, in order within a run
+    heartbeat: str  # (at, *run_ids) with ``{ids}`` for their marks: a progress write
+
+    def describe(self) -> str: ...
+
+    def paths(self) -> tuple[Path, ...]: ...
+
+    def close(self) -> None: ...
+
+    def read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        """The rows of one query (committed data)."""
+        ...
+
+    def write(self, sql: str, args: Sequence[Any] = ()) -> Written:
+        """One statement, in a transaction of its own."""
+        ...
+
+    def transaction(self) -> AbstractContextManager[Query]:
+        """One transaction for a read-modify-write (rolled back on any exception)."""
+        ...
+
+    def lock_run(self, *, progress: bool) -> str:
+        """SQL: ``data`` of run ``?``, its row held to the end of the transaction
+        (``progress``: a progress write, which may commit asynchronously)."""
+        ...
+
+    def dump_output(self, text: str) -> str: ...
+
+    def load_output(self, stored: str) -> str: ...
+
+
+def marks(items: Sequence[Any]) -> str:
+    return ",".join("?" * len(items))
+
+
+def like_prefix(prefix: str) -> str:
+    """A LIKE pattern (``ESCAPE '\\'``) matching ids that start with prefix, taken literally."""
+    for special in (LIKE_ESCAPE, "%", "_"):
+        prefix = prefix.replace(special, LIKE_ESCAPE + special)
+    return prefix + "%"
+
+
+def _record(row: Row) -> RunRecord:
+    return RunRecord.model_validate_json(row[0])
+
+
+class SqlStore:
+    """The :class:`~orchestrator.store.base.RunStore` over a SQL database (its dialect)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+
+    def describe(self) -> str:
+        return self.dialect.describe()
+
+    def paths(self) -> tuple[Path, ...]:
+        return self.dialect.paths()
+
+    def close(self) -> None:
+        self.dialect.close()
+
+    def _absent(self, *ids: str) -> bool:
+        """True if an id cannot be in the store (its text columns hold no NUL)."""
+        return not self.dialect.holds_nul and any("\x00" in i for i in ids)
+
+    def _columns(self, record: RunRecord) -> dict[str, Any]:
+        """The columns of runs that change with the record (``data`` last)."""
+        cols: dict[str, Any] = {
+            "status": record.status.value,
+            "updated_at": record.updated_at,
+            "pid": record.pid,
+        }
+        if self.dialect.tokens_column:  # its JSON may hold a \u0000 a json function refuses
+            cols["tokens"] = record.usage.input_tokens + record.usage.output_tokens
+        cols["data"] = record.model_dump_json()
+        return cols
+
+    # -- runs ---------------------------------------------------------------------
+    def create_run(self, record: RunRecord) -> None:
+        cols = {
+            "run_id": record.run_id,
+            "chain_id": record.chain_id,
+            "parent_run_id": record.parent_run_id,
+            "depth": record.depth,
+            "created_at": record.created_at,
+            **self._columns(record),
+        }
+        names = ", ".join(cols)
+        self.dialect.write(
+            f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values())
+        )
+
+    def _load(self, q: Query, run_id: str, *, progress: bool = False) -> RunRecord | None:
+        """The run, its row held to the end of the transaction."""
+        if self._absent(run_id):
+            return None
+        rows = q(self.dialect.lock_run(progress=progress), (run_id,))
+        return _record(rows[0]) if rows else None
+
+    def _save(self, q: Query, record: RunRecord) -> None:
+        record.updated_at = now()
+        cols = self._columns(record)
+        sets = ", ".join(f"{name} = ?" for name in cols)
+        q(f"UPDATE runs SET {sets} WHERE run_id = ?", [*cols.values(), record.run_id])
+
+    def update_run(self, run_id: str, **fields: Any) -> RunRecord:
+        """Set fields of a run in one transaction (read-modify-write, no lost updates)."""
+        with self.dialect.transaction() as q:
+            record = self._load(q, run_id)
+            if record is None:
+                raise NotFound(f"no run {run_id!r} in {self.describe()}")
+            for key, value in fields.items():
+                setattr(record, key, value)
+            self._save(q, record)
+            return record
+
+    def end_if_active(self, run_id: str, **fields: Any) -> RunRecord | None:
+        """Set an ending on a run still queued or running, in one transaction.
+
+        For those who end a run they do not own (reconcile, a forced cancel): if the
+        owner finished it meanwhile, its own ending stands and None is returned.
+        """
+        with self.dialect.transaction() as q:
+            record = self._load(q, run_id)
+            if record is None or record.status.ended:
+                return None
+            for key, value in fields.items():
+                setattr(record, key, value)
+            self._save(q, record)
+            return record
+
+    def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
+        """Progress write for one tool call: last/recent activity plus counters."""
+        with self.dialect.transaction() as q:
+            record = self._load(q, run_id, progress=True)
+            if record is None:
+                return
+            act = Activity(tool=tool, summary=activity[:200], at=now())
+            record.last_activity = act
+            record.recent_activities = [*record.recent_activities, act][-RECENT_ACTIVITIES:]
+            for key, value in fields.items():
+                setattr(record, key, value)
+            self._save(q, record)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        if self._absent(run_id):
+            return None
+        rows = self.dialect.read("SELECT data FROM runs WHERE run_id = ?", (run_id,))
+        return _record(rows[0]) if rows else None
+
+    def require_run(self, run_id: str) -> RunRecord:
+        record = self.get_run(run_id)
+        if record is None:
+            raise NotFound(
+                f"no run {run_id!r} in {self.describe()}; `orch ps --all` lists the runs it holds"
+            )
+        return record
+
+    def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
+        used = self.dialect.chain_tokens if tokens else "0"
+        rows = self.dialect.read(
+            f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {LIVE} THEN 1 ELSE 0 END), 0), {used}"
+            " FROM runs WHERE chain_id = ?",
+            (chain_id,),
+        )
+        runs, live, used_tokens = rows[0]
+        return ChainUsage(runs=int(runs), live=int(live), tokens=int(used_tokens))
+
+    def find_runs(self, prefix: str) -> list[RunRecord]:
+        if self._absent(prefix):
+            return []
+        rows = self.dialect.read(
+            "SELECT run_id, data FROM runs WHERE run_id LIKE ? ESCAPE ?"
+            " ORDER BY created_at, run_id",
+            (like_prefix(prefix), LIKE_ESCAPE),
+        )
+        # LIKE may ignore ASCII case (SQLite's does), ids do not
+        return [RunRecord.model_validate_json(d) for i, d in rows if i.startswith(prefix)]
+
+    def list_runs(
+        self,
+        *,
+        chain_id: str | None = None,
+        statuses: list[RunStatus] | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        sql = "SELECT data FROM runs WHERE 1 = 1"
+        args: list[Any] = []
+        if chain_id is not None:
+            sql += " AND chain_id = ?"
+            args.append(chain_id)
+        if statuses:
+            sql += f" AND status IN ({marks(statuses)})"
+            args.extend(s.value for s in statuses)
+        if since is not None:
+            sql += f" AND (updated_at >= ? OR {LIVE})"
+            args.append(since)
+        sql += " ORDER BY created_at, run_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [_record(r) for r in self.dialect.read(sql, args)]
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        rows = self.dialect.read(
+            "SELECT data FROM runs WHERE parent_run_id = ? ORDER BY created_at, run_id", (run_id,)
+        )
+        return [_record(r) for r in rows]
+
+    def descendants(self, run_id: str) -> list[RunRecord]:
+        """Breadth first, one query per level: children in the order of their parents."""
+        out: list[RunRecord] = []
+        frontier = [run_id]
+        while frontier:
+            order = {parent: i for i, parent in enumerate(frontier)}
+            kids = [k for batch in _batches(frontier) for k in self._children_of(batch)]
+            kids.sort(key=lambda k: order[k.parent_run_id or ""])  # stable: oldest first
+            out.extend(kids)
+            frontier = [k.run_id for k in kids]
+        return out
+
+    def _children_of(self, parents: list[str]) -> Iterator[RunRecord]:
+        rows = self.dialect.read(
+            f"SELECT data FROM runs WHERE parent_run_id IN ({marks(parents)})"
+            " ORDER BY created_at, run_id",
+            parents,
+        )
+        return (_record(r) for r in rows)
+
+    # -- ownership: heartbeats and cross-process cancel requests ---------------------
+    def heartbeat(self, run_ids: list[str]) -> None:
+        if run_ids:
+            self.dialect.write(self.dialect.heartbeat.format(ids=marks(run_ids)), (now(), *run_ids))
+
+    def request_cancel(self, run_ids: list[str]) -> None:
+        if run_ids:
+            self.dialect.write(
+                f"UPDATE runs SET cancel_requested = TRUE WHERE run_id IN ({marks(run_ids)})",
+                run_ids,
+            )
+
+    def cancel_requests(self, run_ids: list[str]) -> set[str]:
+        if not run_ids:
+            return set()
+        rows = self.dialect.read(
+            f"SELECT run_id FROM runs WHERE cancel_requested AND run_id IN ({marks(run_ids)})",
+            run_ids,
+        )
+        return {r[0] for r in rows}
+
+    def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:
+        """Runs as plain dicts (no model validation): fast enough for `orch ps` over 10k runs."""
+        sql = "SELECT data, heartbeat_at FROM runs"
+        args: list[Any] = []
+        if since is not None:
+            sql += f" WHERE updated_at >= ? OR {LIVE}"
+            args.append(since)
+        sql += " ORDER BY created_at, run_id"
+        out = []
+        for data, hb in self.dialect.read(sql, args):
+            row: dict[str, Any] = json.loads(data)
+            row["heartbeat_at"] = hb
+            out.append(row)
+        return out
+
+    # -- events -------------------------------------------------------------------
+    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
+        text = json.dumps(data or {}, default=str)
+        written = self.dialect.write(self.dialect.insert_event, (run_id, now(), kind, text))
+        return int(written.rows[0][0])
+
+    def events(self, run_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+        if self._absent(run_id):
+            return []
+        rows = self.dialect.read(
+            "SELECT id, run_id, at, kind, data FROM events WHERE run_id = ? AND id > ? ORDER BY id",
+            (run_id, after_id),
+        )
+        return [
+            {"id": i, "run_id": r, "at": at, "kind": k, "data": json.loads(d)}
+            for i, r, at, k, d in rows
+        ]
+
+    # -- whole outputs ------------------------------------------------------------
+    def save_output(self, run_id: str, text: str) -> None:
+        self.dialect.write(
+            "INSERT INTO outputs (run_id, text) VALUES (?, ?)"
+            " ON CONFLICT (run_id) DO UPDATE SET text = excluded.text",
+            (run_id, self.dialect.dump_output(text)),
+        )
+
+    def output(self, run_id: str) -> str | None:
+        if self._absent(run_id):
+            return None
+        rows = self.dialect.read("SELECT text FROM outputs WHERE run_id = ?", (run_id,))
+        return self.dialect.load_output(rows[0][0]) if rows else None
+
+    # -- transcripts --------------------------------------------------------------
+    def save_transcript(self, run_id: str, messages: list[dict[str, Any]]) -> None:
+        text, truncated = bound_transcript(messages)
+        self.dialect.write(
+            "INSERT INTO transcripts (run_id, saved_at, truncated, messages) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (run_id) DO UPDATE SET saved_at = excluded.saved_at,"
+            " truncated = excluded.truncated, messages = excluded.messages",
+            (run_id, now(), truncated, text),
+        )
+
+    def transcript(self, run_id: str) -> list[dict[str, Any]] | None:
+        if self._absent(run_id):
+            return None
+        rows = self.dialect.read("SELECT messages FROM transcripts WHERE run_id = ?", (run_id,))
+        if not rows:
+            return None
+        messages: list[dict[str, Any]] = json.loads(rows[0][0])
+        return messages
+
+    def prune_transcripts(self, older_than: float) -> int:
+        # a read first: most commands find nothing to prune and take no write lock
+        probe = "SELECT 1 FROM transcripts WHERE saved_at < ? LIMIT 1"
+        if not self.dialect.read(probe, (older_than,)):
+            return 0
+        return self.dialect.write("DELETE FROM transcripts WHERE saved_at < ?", (older_than,)).count
+
+    # -- resources (ResourceSink) -------------------------------------------------
+    def register_resource(self, run_id: str, kind: str, ref: str) -> None:
+        self.dialect.write(
+            "INSERT INTO resources (run_id, kind, ref, owner_pid, created_at) VALUES (?,?,?,?,?)"
+            " ON CONFLICT (kind, ref) DO UPDATE SET run_id = excluded.run_id,"
+            " owner_pid = excluded.owner_pid, created_at = excluded.created_at",
+            (run_id, kind, ref, os.getpid(), now()),
+        )
+
+    def release_resource(self, run_id: str, kind: str, ref: str) -> None:
+        self.dialect.write("DELETE FROM resources WHERE kind = ? AND ref = ?", (kind, ref))
+
+    def resources(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT run_id, kind, ref, owner_pid, created_at FROM resources"
+        args: tuple[Any, ...] = ()
+        if run_id is not None:
+            sql += " WHERE run_id = ?"
+            args = (run_id,)
+        return [
+            {"run_id": r, "kind": k, "ref": ref, "owner_pid": p, "created_at": c}
+            for r, k, ref, p, c in self.dialect.read(sql + " ORDER BY created_at", args)
+        ]
+
+
+def _batches(ids: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(ids), BATCH):
+        yield ids[start : start + BATCH]
