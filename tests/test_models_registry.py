@@ -129,7 +129,8 @@ class EchoModel:
         self.model_id = model_id
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        return ModelResponse(content=[{"type": "text", "text": f"{self.model_id}: {request.system}"}])
+        text = f"{self.model_id}: {request.system}"
+        return ModelResponse(content=[{"type": "text", "text": text}])
 
 
 class EchoSession:
