@@ -186,14 +186,11 @@ def check_api(model: str = "") -> Check:
     base = os.environ.get(api.base_url, "").strip()
     where = f"{api.base_url}={shown_url(base)}" if base else f"{api.base_url} not set"
     if not have and not base:
-        names = api.names
-        return Check(
-            name="api",
-            status=Status.WARN,
-            detail=f"no {', '.join(names[:-1])} or {names[-1]} set: only scripted models can run",
-            fix=f"export {api.credentials[0]}=... (or {api.base_url}=URL of a compatible "
-            "server), or pass --model scripted:FILE",
-        )
+        *some, last = api.names
+        detail = f"no {', '.join(some)} or {last} set: only scripted models can run"
+        fix = f"export {api.credentials[0]}=... (or {api.base_url}=URL of a compatible server)"
+        fix += ", or pass --model scripted:FILE"
+        return Check(name="api", status=Status.WARN, detail=detail, fix=fix)
     keys = (
         ", ".join(f"{n} set" for n in have) if have else "no API key set (the server may need none)"
     )
@@ -240,10 +237,7 @@ def check_endpoint(offline: bool, probe: Probe = http_probe, model: str = "") ->
     why = probe(url, PROBE_TIMEOUT_S)
     if why is None:
         return Check(name="endpoint", status=Status.OK, detail=f"{url} answers")
-    return Check(
-        name="endpoint",
-        status=Status.FAIL,
-        detail=f"{url} does not answer within {PROBE_TIMEOUT_S:g} s ({why})",
-        fix=f"check the network (and HTTPS_PROXY), or that the server at {api.base_url} "
-        "runs; --offline skips this check",
-    )
+    detail = f"{url} does not answer within {PROBE_TIMEOUT_S:g} s ({why})"
+    fix = f"check the network (and HTTPS_PROXY), or that the server at {api.base_url} runs"
+    fix += "; --offline skips this check"
+    return Check(name="endpoint", status=Status.FAIL, detail=detail, fix=fix)
