@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from .errors import UsageError
+from .models import secret_env_prefixes
 from .trust import AgentFloor, Trust, TrustCap, gate
 
 # How a numeric setting may be changed by a repository the user has not trusted (trust.py
@@ -131,7 +132,7 @@ DEFAULT_SECRET_PATTERNS: list[str] = [
     "REDIS_URL",
     "MONGO*_URI",
     "MONGO*_URL",
-    "ANTHROPIC_*",
+    *(f"{prefix}*" for prefix in secret_env_prefixes()),  # the model providers' settings
     "AWS_*",
 ]
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from .bwrapfind import FIX, BwrapChoice, bwrap_choice, chosen, own_paths
 from .errors import OrchError
+from .models import secret_env_prefixes
 
 __all__ = [
     "ENV_WHITELIST",
@@ -70,7 +71,9 @@ ENV_WHITELIST = frozenset(
     }
 )
 CHAIN_PREFIX = "ORCH_"
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC_", re.IGNORECASE)
+_SECRET_WORDS = ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"]
+_SECRET_WORDS += map(re.escape, secret_env_prefixes())  # the model providers' settings
+_SECRET = re.compile("|".join(_SECRET_WORDS), re.IGNORECASE)
 
 # Relative to the user's HOME: credentials and orch's own state, never shown to a command.
 HOME_SECRETS = (

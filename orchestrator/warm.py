@@ -1,6 +1,6 @@
 """The warm process: ``orch`` commands forked from a process that has imported them already.
 
-Importing the CLI, the engine and the Anthropic SDK takes about a second; the work of a
+Importing the CLI, the engine and the model SDK takes about a second; the work of a
 short command takes a few milliseconds. So the ``orch`` entry point (this module, standard
 library only) first asks a *warm process* to run the command: a process of the same user,
 environment, Python and orch code that has imported everything once and forks one child

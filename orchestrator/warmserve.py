@@ -65,7 +65,9 @@ def _preload() -> None:
 
     orchestrator.cli.main.command()  # built once here, not in every command
 
-    for name in ("orchestrator.runner", "orchestrator.models.anthropic", "orchestrator.team",
+    from .models import preload_modules
+
+    for name in ("orchestrator.runner", *preload_modules(), "orchestrator.team",
                  "orchestrator.workspaces.registry", "orchestrator.cli.engine"):  # fmt: skip
         with contextlib.suppress(ImportError):
             importlib.import_module(name)

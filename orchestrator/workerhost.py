@@ -62,7 +62,7 @@ class Engine:
     catalog: object
     make: Callable[[], Runner]
     per_run: bool = False  # a runner per run (a scripted model's script is per run)
-    needs_sdk: bool = False  # the model is the Anthropic API: import the SDK early
+    needs_sdk: bool = False  # the model is a provider's API: import its SDK early
     idle_seconds: float = 60.0  # the project's host_idle_seconds
 
 
@@ -83,7 +83,9 @@ def log(message: str) -> None:
 
 
 def _preimport_sdk() -> None:
-    from .models import anthropic  # noqa: F401  (the import is the point: ~1 s, once)
+    from .models import preload
+
+    preload()  # the model providers' SDKs: ~1 s, once
 
 
 class WorkerHost:

@@ -34,7 +34,8 @@ def diagnose(workdir: Path, *, offline: bool = False, probe: Probe = http_probe)
     settings, trust_check = project_settings(workdir)
     checks = [check_python(), check_git(), check_bwrap(settings)]
     checks += check_docker(settings)
-    checks += [check_api(), check_endpoint(offline, probe)]
+    model = settings.resolve_model(None)  # the project's default: its provider's API
+    checks += [check_api(model), check_endpoint(offline, probe, model)]
     checks += [check_store(workdir, settings), trust_check, *check_hosts(workdir, settings)]
     ok = not any(c.required and c.status is Status.FAIL for c in checks)
     return Report(ok=ok, checks=checks)

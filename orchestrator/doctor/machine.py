@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import OrchError
+from ..models import api_env
 from .base import Check, Status
 
 if TYPE_CHECKING:
     from ..config import Settings
+    from ..models.registry import ApiEnv
 
 MIN_PYTHON = (3, 11)
 PROBE_TIMEOUT_S = 3.0  # the model endpoint: any HTTP answer within it counts as reachable
-DEFAULT_BASE_URL = "https://api.anthropic.com"
-CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 
 
 def _run(argv: list[str], timeout: float = 10.0) -> tuple[int, str]:
@@ -167,20 +167,30 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def check_api() -> Check:
+def _api(model: str) -> ApiEnv | str:
+    """The API settings of the provider of ``model`` (the project's default model), or why
+    there are none."""
+    try:
+        return api_env(model)
+    except OrchError as e:
+        return str(e)
+
+
+def check_api(model: str = "") -> Check:
     """Which credentials and base URL the model client would use (never their values)."""
-    have = [name for name in CREDENTIALS if os.environ.get(name)]
-    base = os.environ.get("ANTHROPIC_BASE_URL", "").strip()
-    where = f"ANTHROPIC_BASE_URL={shown_url(base)}" if base else "ANTHROPIC_BASE_URL not set"
+    api = _api(model)
+    if isinstance(api, str):
+        fix = "set `model` (or ORCH_MODEL) to an alias, a model id or a known PREFIX + id"
+        return Check(name="api", status=Status.FAIL, detail=api, fix=fix)
+    have = [name for name in api.credentials if os.environ.get(name)]
+    base = os.environ.get(api.base_url, "").strip()
+    where = f"{api.base_url}={shown_url(base)}" if base else f"{api.base_url} not set"
     if not have and not base:
-        return Check(
-            name="api",
-            status=Status.WARN,
-            detail="no ANTHROPIC_API_KEY, ANTHROPIC_AUTH_TOKEN or ANTHROPIC_BASE_URL set: "
-            "only scripted models can run",
-            fix="export ANTHROPIC_API_KEY=... (or ANTHROPIC_BASE_URL=URL of a compatible "
-            "server), or pass --model scripted:FILE",
-        )
+        *some, last = api.names
+        detail = f"no {', '.join(some)} or {last} set: only scripted models can run"
+        fix = f"export {api.credentials[0]}=... (or {api.base_url}=URL of a compatible server)"
+        fix += ", or pass --model scripted:FILE"
+        return Check(name="api", status=Status.WARN, detail=detail, fix=fix)
     keys = (
         ", ".join(f"{n} set" for n in have) if have else "no API key set (the server may need none)"
     )
@@ -204,30 +214,30 @@ def http_probe(url: str, timeout: float) -> str | None:
         return str(e) or type(e).__name__
 
 
-def check_endpoint(offline: bool, probe: Probe = http_probe) -> Check:
+def check_endpoint(offline: bool, probe: Probe = http_probe, model: str = "") -> Check:
     """Whether the model endpoint answers HTTP within ``PROBE_TIMEOUT_S`` (no key is sent)."""
-    base = os.environ.get("ANTHROPIC_BASE_URL", "").strip()
     if offline:
         return Check(name="endpoint", status=Status.SKIP, detail="not probed (--offline)")
-    if not base and not any(os.environ.get(n) for n in CREDENTIALS):
+    api = _api(model)
+    if isinstance(api, str):
+        return Check(name="endpoint", status=Status.SKIP, detail="not probed (see api)")
+    base = os.environ.get(api.base_url, "").strip()
+    if not base and not any(os.environ.get(n) for n in api.credentials):
         detail = "not probed: no credentials or base URL set (see api)"
         return Check(name="endpoint", status=Status.SKIP, detail=detail)
-    url = shown_url(base or DEFAULT_BASE_URL)
+    url = shown_url(base or api.default_url)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return Check(
             name="endpoint",
             status=Status.FAIL,
-            detail=f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL",
-            fix="export ANTHROPIC_BASE_URL=https://HOST[:PORT] (or unset it for the Anthropic API)",
+            detail=f"{api.base_url} {url!r} is not an http(s) URL",
+            fix=f"export {api.base_url}=https://HOST[:PORT] (or unset it for {api.title})",
         )
     why = probe(url, PROBE_TIMEOUT_S)
     if why is None:
         return Check(name="endpoint", status=Status.OK, detail=f"{url} answers")
-    return Check(
-        name="endpoint",
-        status=Status.FAIL,
-        detail=f"{url} does not answer within {PROBE_TIMEOUT_S:g} s ({why})",
-        fix="check the network (and HTTPS_PROXY), or that the server at ANTHROPIC_BASE_URL "
-        "runs; --offline skips this check",
-    )
+    detail = f"{url} does not answer within {PROBE_TIMEOUT_S:g} s ({why})"
+    fix = f"check the network (and HTTPS_PROXY), or that the server at {api.base_url} runs"
+    fix += "; --offline skips this check"
+    return Check(name="endpoint", status=Status.FAIL, detail=detail, fix=fix)

@@ -78,7 +78,7 @@ def node_name() -> str:
 @contextlib.contextmanager
 def spawner_env(secrets: dict[str, str]) -> Iterator[None]:
     """This process's environment holds the spawner's ``secrets`` while the block runs: a
-    name the spawner does not set ("") is unset, so a node's own ``ANTHROPIC_BASE_URL`` or
+    name the spawner does not set ("") is unset, so a node's own API base URL or
     token never pairs with the spawner's key; afterwards everything is as it was."""
     saved = {k: os.environ.get(k) for k in secrets}
     for k, v in secrets.items():

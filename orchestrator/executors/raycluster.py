@@ -19,7 +19,7 @@ the normal way, work committed) and gives it ``ray.cancel_grace_s`` before
 ``ray.cancel(force=True)``. A node that dies leaves the run ``interrupted`` with its
 partial output; the store keeps all it wrote.
 
-Secrets: the API key, the Anthropic base URL and a Postgres URL reach the nodes as one
+Secrets: the model provider's key and base URL and a Postgres URL reach the nodes as one
 object in Ray's object store (``ray.put`` once per driver, passed by reference: in the
 memory of this process and of the node, over Ray's own connections), set in the node
 process's environment for the run and removed after. Not as Ray runtime-env variables:
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OrchError, UsageError
 from ..git import RepoPaths, first_line, git
+from ..models import env_names
 from ..repo import locate, rev
 from ..run import RunRecord, RunStatus, now
 from ..spec import RunSpec
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from ..runner import Runner
 
 # What a node's environment gets from the spawner's (through the object store, never stored).
-FORWARDED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "ORCH_STORE")
+FORWARDED_ENV = (*env_names(), "ORCH_STORE")  # the model providers' settings, the store
 _SAFE_REF = re.compile(r"^refs/heads/orch/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 NO_CLUSTER = (

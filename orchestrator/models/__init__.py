@@ -1,14 +1,15 @@
-"""Models: one async seam (``Model``), the Anthropic API and a scripted player."""
+"""Models: one async seam (``Model``), providers chosen by a spec's prefix (``registry``):
+the Anthropic API and a scripted player."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+import contextlib
+from typing import Protocol
 
-from ..config import Settings
 from ..errors import UsageError
 from .base import Model, ModelError, ModelRequest, ModelResponse, ModelUsage
+from .registry import Route, Session, api_env, env_names, preload, preload_modules, route
+from .registry import secret_prefixes as secret_env_prefixes
 from .scripted import ScriptedModel, ScriptError
 
 __all__ = [
@@ -17,28 +18,40 @@ __all__ = [
     "ModelProvider",
     "ModelRequest",
     "ModelResponse",
+    "ModelSettings",
     "ModelUsage",
     "ScriptError",
     "ScriptedModel",
+    "api_env",
+    "env_names",
+    "preload",
+    "preload_modules",
+    "route",
+    "secret_env_prefixes",
 ]
 
-MISSING_KEY = (
-    "no model configured: set ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a compatible "
-    "server), or pass --model scripted:FILE"
-)
+
+class ModelSettings(Protocol):
+    """What of the settings choosing a model takes (``config.Settings`` has it)."""
+
+    @property
+    def model(self) -> str: ...
+
+    def resolve_model(self, name: str | None) -> str: ...
 
 
-class ModelProvider:
-    """Turns model names (aliases, ids, ``scripted:PATH``) into Model objects.
+class ModelProvider(contextlib.AbstractAsyncContextManager["ModelProvider", None]):
+    """Turns model names (aliases, ids, ``PREFIX`` + a provider's name) into Model objects.
 
-    ``scripted`` (or a ``scripted:PATH`` spec) and ``model`` (any object implementing
-    :class:`Model`, for tests and embedders) each make ``get`` return that one model for
-    every name; ``model`` wins if both are given.
+    The run's spec (``spec``, else the ``model`` setting) names the default model. A
+    provider whose one model answers every agent (``scripted:PATH``) makes ``get`` return
+    that model for every name; so do ``scripted`` and ``model`` (any object implementing
+    :class:`Model`, for tests and embedders); ``model`` wins if both are given.
     """
 
     def __init__(
         self,
-        settings: Settings,
+        settings: ModelSettings,
         spec: str | None = None,
         *,
         scripted: ScriptedModel | None = None,
@@ -46,54 +59,52 @@ class ModelProvider:
     ) -> None:
         self.settings = settings
         self.scripted = scripted
-        spec = spec or settings.model
-        if scripted is None and model is None and spec.startswith("scripted:"):
-            self.scripted = ScriptedModel.load(Path(spec.removeprefix("scripted:")))
-        self.fixed: Model | None = model if model is not None else self.scripted
+        self.fixed: Model | None = model if model is not None else scripted
+        self.route: Route | None = None
         if model is not None:
             self.default = "model"
-        elif self.scripted is not None:
+        elif scripted is not None:
             self.default = "scripted"
         else:
-            self.default = settings.resolve_model(spec)
+            spec = settings.resolve_model(spec or settings.model)
+            self.route = route(spec)
+            self.fixed = self.route.provider.fixed(self.route.model_id)
+            self.default = spec if self.fixed is None else self.route.provider.name
+            if isinstance(self.fixed, ScriptedModel):
+                self.scripted = self.fixed
         self._models: dict[str, Model] = {}
-        self._client: Any = None
+        self._sessions: dict[str, Session] = {}  # prefix -> that provider's open client
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the HTTP client (inside the event loop that used it)."""
-        client, self._client = self._client, None
+        """Close the providers' clients (inside the event loop that used them)."""
+        sessions, self._sessions = self._sessions, {}
         self._models.clear()
-        if client is not None:
-            await client.close()
+        for session in sessions.values():
+            await session.aclose()
 
     def resolve(self, name: str | None) -> str:
-        return self.settings.resolve_model(name) if name else self.default
+        """The model an agent asking for ``name`` gets (an unknown prefix is a UsageError)."""
+        if not name:
+            return self.default
+        resolved = self.settings.resolve_model(name)
+        if self.fixed is None:
+            route(resolved)
+        return resolved
 
     def check_ready(self) -> None:
-        if self.fixed is None:
-            from .anthropic import has_credentials
-
-            if not has_credentials():
-                raise UsageError(MISSING_KEY)
+        if self.route is not None and self.fixed is None:
+            if problem := self.route.provider.missing():
+                raise UsageError(problem)
 
     def get(self, name: str) -> Model:
         if self.fixed is not None:
             return self.fixed
         if name not in self._models:
-            from .anthropic import AnthropicModel, make_client
-
-            if self._client is None:
-                self._client = make_client()
-            self._models[name] = AnthropicModel(self._client, name)
+            where = route(name)
+            if where.prefix not in self._sessions:
+                self._sessions[where.prefix] = where.provider.open()
+            self._models[name] = self._sessions[where.prefix].model(where.model_id)
         return self._models[name]

@@ -1,35 +1,86 @@
-"""AnthropicModel: the Messages API through ``anthropic.AsyncAnthropic``.
+"""The Anthropic provider: the Messages API through ``anthropic.AsyncAnthropic``.
 
 ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL work as in the SDK, so any
 Messages-API-compatible server can stand in; the SDK's own retries (with
 backoff on 429 / 5xx / dropped connections) apply. What the server sends is cleaned of
 lone UTF-16 surrogates (``base.clean``: in ``ModelResponse``, and the error messages
-here), so no string of it can break a later write.
+here), so no string of it can break a later write. The SDK (about a second to import) is
+imported when the first model is built, not with this module.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
+from .base import Block, Model, ModelError, ModelRequest, ModelResponse, ModelUsage, clean_text
+from .registry import ApiEnv, Provider
 
-from .base import Block, ModelError, ModelRequest, ModelResponse, ModelUsage, clean_text
+if TYPE_CHECKING:
+    import anthropic
+
+API = ApiEnv(
+    title="the Anthropic API",
+    credentials=("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+    base_url="ANTHROPIC_BASE_URL",
+    default_url="https://api.anthropic.com",
+)
+MISSING_KEY = (
+    "no model configured: set ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a compatible "
+    "server), or pass --model scripted:FILE"
+)
 
 
 def has_credentials() -> bool:
-    return any(
-        os.environ.get(k)
-        for k in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
-    )
+    return any(os.environ.get(k) for k in API.names)
 
 
 def make_client(max_retries: int = 4) -> anthropic.AsyncAnthropic:
+    import anthropic
+
     key = os.environ.get("ANTHROPIC_API_KEY")
     if not key and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
         key = "orch-no-key"  # a compatible server behind ANTHROPIC_BASE_URL may need none
     return anthropic.AsyncAnthropic(api_key=key, max_retries=max_retries)
+
+
+class AnthropicProvider:
+    name = "anthropic"
+    env_prefix = "ANTHROPIC_"
+    env_names = API.names
+    preload = (__name__, "anthropic")
+    api = API
+
+    def fixed(self, model_id: str) -> Model | None:
+        return None
+
+    def missing(self) -> str | None:
+        return None if has_credentials() else MISSING_KEY
+
+    def open(self) -> Client:
+        return Client()
+
+
+class Client:
+    """One SDK client (its connection pool) for every model of an engine."""
+
+    def __init__(self) -> None:
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    def model(self, model_id: str) -> Model:
+        if self._client is None:
+            self._client = make_client()
+        return AnthropicModel(self._client, model_id)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (inside the event loop that used it)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+
+PROVIDER: Provider = AnthropicProvider()
 
 
 def _sent(b: Any, name: str) -> bool:
@@ -78,8 +129,10 @@ class AnthropicModel:
         self.model_id = model_id
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        import anthropic
+
         kwargs: dict[str, Any] = {
-            "model": request.model or self.model_id,
+            "model": self.model_id,  # the id without its provider prefix
             "max_tokens": request.max_tokens,
             "system": request.system,
             "messages": request.messages,

@@ -34,13 +34,16 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import OrchError
+from ..errors import OrchError, UsageError
 from .base import Block, ModelRequest, ModelResponse, ModelUsage
+
+if TYPE_CHECKING:
+    from .registry import Provider, Session
 
 
 class ScriptError(OrchError):
@@ -281,3 +284,27 @@ class ScriptedModel:
         problems = self.problems()
         if problems:
             raise ScriptError(f"{self.source}: script not fully used: " + "; ".join(problems))
+
+
+class ScriptedProvider:
+    """``scripted:FILE``: the script at FILE answers every agent of the run."""
+
+    name = "scripted"
+    env_prefix = None
+    env_names: tuple[str, ...] = ()
+    preload: tuple[str, ...] = ()
+    api = None
+
+    def fixed(self, model_id: str) -> ScriptedModel:
+        return ScriptedModel.load(Path(model_id))
+
+    def missing(self) -> str | None:
+        return None
+
+    def open(self) -> Session:
+        raise UsageError(
+            "a scripted model plays for the whole run (--model scripted:FILE), not for one agent"
+        )
+
+
+PROVIDER: Provider = ScriptedProvider()
