@@ -15,7 +15,7 @@ from pydantic import Field, TypeAdapter
 
 from ..errors import OrchError, UsageError
 from .base import TierConfig
-from .container import ContainerConfig
+from .container.workspace import ContainerConfig
 from .shared import SharedConfig
 from .worktree import WorktreeConfig
 

@@ -334,8 +334,13 @@ def handle(request: dict[str, Any], data: bytes, root: str = ROOT) -> tuple[dict
             found, more = glob(request["pattern"], int(request["limit"]), root)
             body = json.dumps({"files": found, "more": more}).encode()
         elif op == "grep":
-            hits = grep(request["pattern"], request.get("path"), request.get("glob"),
-                        int(request["limit"]), root)  # fmt: skip
+            hits = grep(
+                request["pattern"],
+                request.get("path"),
+                request.get("glob"),
+                int(request["limit"]),
+                root,
+            )
             body = json.dumps({"hits": hits}).encode()
         elif op == "prune":
             body = json.dumps({"removed": prune(dict(request["files"]), root)}).encode()
