@@ -222,26 +222,7 @@ async def settle(
         elif not await is_ancestor(main, head, tip) and not await is_ancestor(main, head, base):
             extra.append(f"{branch}-head")
             await git("update-ref", f"refs/heads/{branch}-head", head, repo=main)
-    artifacts: list[dict[str, Any]] = []
-    for name in [branch, *extra]:
-        commit = await rev(f"refs/heads/{name}", main)
-        if commit is None:
-            continue
-        ahead = await git("rev-list", "--count", f"{base}..{commit}", repo=main)
-        if int(ahead.out.strip() or 0) == 0:
-            continue
-        files, ins, dels = await diff_stats(main, base, commit)
-        artifacts.append(
-            {
-                "kind": "branch",
-                "branch": name,
-                "base": base,
-                "commit": commit,
-                "files_changed": files,
-                "insertions": ins,
-                "deletions": dels,
-            }
-        )
+    artifacts = await branch_artifacts(main, [branch, *extra], {}, base, base)
     keep = keep_branch or any(a["branch"] == branch for a in artifacts)
     await remove_worktree(main, root, None if keep else branch)
     return artifacts
@@ -289,3 +270,32 @@ async def salvage_worktree(
     tree = await asyncio.to_thread(worktree_paths, main, real)
     artifacts = await settle(main, real, tree, branch, base, agent, message, keep)
     return artifacts[0] if artifacts else None
+
+
+async def branch_artifacts(
+    main: RepoPaths, branches: list[str], known: dict[str, str], base: str, start: str
+) -> list[dict[str, Any]]:
+    """Branch artifacts (measured from ``base``) of the ``branches`` with work on them;
+    ``known``: tips just landed (work on them when the run started from its base)."""
+    out: list[dict[str, Any]] = []
+    for name in dict.fromkeys(branches):
+        commit = known.get(name) or await rev(f"refs/heads/{name}", main)
+        if commit is None:
+            continue
+        if name not in known or base != start:
+            ahead = await git("rev-list", "--count", f"{base}..{commit}", repo=main)
+            if int(ahead.out.strip() or 0) == 0:
+                continue
+        files, ins, dels = await diff_stats(main, base, commit)
+        out.append(
+            {
+                "kind": "branch",
+                "branch": name,
+                "base": base,
+                "commit": commit,
+                "files_changed": files,
+                "insertions": ins,
+                "deletions": dels,
+            }
+        )
+    return out

@@ -22,6 +22,16 @@ WORKSPACE = "/workspace"
 MANAGED = "orch.managed"
 TOKEN = "orch.token"  # per container, random; the store records it (resource_ref)
 OWNER_UID = "orch.owner_uid"
+# the sandbox settings that are Docker host-config options of the same name
+HOST_CONFIG = {
+    "network_mode",
+    "cap_drop",
+    "security_opt",
+    "read_only",
+    "pids_limit",
+    "mem_limit",
+    "init",
+}
 TMPFS = "rw,nosuid,nodev,exec"  # Docker makes tmpfs noexec unless told
 DEFAULT_IMAGE = SandboxSettings().image
 _API_VERSION: dict[str, str] = {}
@@ -137,15 +147,9 @@ def create_container(
         cfg.home: f"{TMPFS},size={cfg.home_size},{owned},mode=0700",
     }
     host = api.create_host_config(
-        network_mode=cfg.network_mode,
-        cap_drop=cfg.cap_drop,
-        security_opt=cfg.security_opt,
-        read_only=cfg.read_only,
-        pids_limit=cfg.pids_limit,
-        mem_limit=cfg.mem_limit,
+        **cfg.model_dump(include=HOST_CONFIG),  # the lockdown, as the settings name it
         memswap_limit=cfg.memswap_limit or cfg.mem_limit,
         nano_cpus=int(cfg.cpus * 1e9),
-        init=cfg.init,
         auto_remove=True,
         tmpfs=tmpfs,
     )

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ...config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
 from ...errors import OrchError, UsageError
 from ...git import RepoPaths, git
-from ...repo import diff_stats, discover, is_ancestor, rev
+from ...repo import discover, is_ancestor, rev
 from ..base import process_start
 from ..branch import ref_component
 from ..saved import ContainerState, saved_state
@@ -337,32 +337,3 @@ async def prune_refs(repo_root: Path, is_running: Callable[[str], bool]) -> list
                 await git("update-ref", "-d", ref, repo=main)
                 deleted.append(ref)
     return deleted
-
-
-async def branch_artifacts(
-    main: RepoPaths, branches: list[str], known: dict[str, str], base: str, start: str
-) -> list[dict[str, Any]]:
-    """Branch artifacts (measured from ``base``) of the ``branches`` with work on them;
-    ``known``: tips just landed (work on them when the run started from its base)."""
-    out: list[dict[str, Any]] = []
-    for name in dict.fromkeys(branches):
-        commit = known.get(name) or await rev(f"refs/heads/{name}", main)
-        if commit is None:
-            continue
-        if name not in known or base != start:
-            ahead = await git("rev-list", "--count", f"{base}..{commit}", repo=main)
-            if int(ahead.out.strip() or 0) == 0:
-                continue
-        files, ins, dels = await diff_stats(main, base, commit)
-        out.append(
-            {
-                "kind": "branch",
-                "branch": name,
-                "base": base,
-                "commit": commit,
-                "files_changed": files,
-                "insertions": ins,
-                "deletions": dels,
-            }
-        )
-    return out

@@ -24,17 +24,8 @@ from typing import Any
 from ...config import SandboxSettings
 from ...errors import OrchError, UsageError
 from ..lifetime import Shielded, await_shielded
+from . import docker as engine
 from .channel import Server, start_server
-from .docker import (
-    TOKEN,
-    WORKSPACE,
-    create_container,
-    docker_client,
-    owner_labels,
-    remove_by_id,
-    sandbox_user,
-    start_container,
-)
 
 REFILL_DELAY_S = 0.25
 
@@ -94,11 +85,11 @@ class ContainerPool(Shielded):
     async def _open(self) -> None:
         if self.size <= 0:
             return  # pool_size 0: nothing to keep warm (and no engine needed)
-        self.uid, self.gid = sandbox_user(self.cfg)
+        self.uid, self.gid = engine.sandbox_user(self.cfg)
         key = _pool_key(self.cfg)
         if key in _POOLS:
             raise UsageError(f"a container pool with these settings is already open ({self.repo})")
-        self._client = await asyncio.to_thread(docker_client)
+        self._client = await asyncio.to_thread(engine.docker_client)
         self._key = key
         _POOLS[key] = self
         self._task = asyncio.create_task(self._refill(), name="orch-container-pool")
@@ -161,25 +152,25 @@ class ContainerPool(Shielded):
             await self._wake.wait()
 
     async def _make(self) -> None:
-        labels = {**owner_labels(), "orch.pool": "true"}
+        labels = {**engine.owner_labels(), "orch.pool": "true"}
         cid = await asyncio.to_thread(
-            create_container, self._client, self.cfg, self.uid, self.gid, labels
+            engine.create_container, self._client, self.cfg, self.uid, self.gid, labels
         )
         try:
-            await asyncio.to_thread(start_container, self._client, cid)
+            await asyncio.to_thread(engine.start_container, self._client, cid)
         except BaseException:
             await asyncio.to_thread(self._discard, Warm(cid))
             raise
         user = f"{self.uid}:{self.gid}"
         server = await asyncio.to_thread(
-            start_server, self._client, cid, user, WORKSPACE, wait=True
+            start_server, self._client, cid, user, engine.WORKSPACE, wait=True
         )
         self.error = None
-        self.ready.append(Warm(cid, server=server, token=labels[TOKEN]))
+        self.ready.append(Warm(cid, server=server, token=labels[engine.TOKEN]))
         self._changed.set()
 
     def _discard(self, warm: Warm) -> None:
         if warm.server is not None:
             warm.server.close()
         with contextlib.suppress(OrchError):
-            remove_by_id(self._client, warm.container_id)
+            engine.remove_by_id(self._client, warm.container_id)

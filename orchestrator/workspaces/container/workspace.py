@@ -51,7 +51,7 @@ from ..hiding import hidden_reason, hidden_rels, mirrored
 from ..includes import excluded_paths, include_files, untracked
 from ..lifetime import Shielded
 from ..saved import ContainerState
-from ..settle import commit_message
+from ..settle import branch_artifacts, commit_message
 from .docker import (
     TOKEN,
     WORKSPACE,
@@ -64,7 +64,7 @@ from .docker import (
     start_container,
 )
 from .dockerexec import Sandbox
-from .export import branch_artifacts, checkpoint_resource, export_work, land
+from .export import checkpoint_resource, export_work, land
 from .pool import claim_warm
 from .runtime import ContainerRuntime
 from .transfer import NEEDS, SETUP, Staging, base_bundle, bundle_ref, write_archive
