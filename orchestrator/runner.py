@@ -290,10 +290,15 @@ class Runner:
         )  # fmt: skip
         store.add_event(record.run_id, "run_started", record.started_event())
         wspec = WorkspaceSpec.for_run(
-            self.settings, record, base=spec.workdir, sink=store, network=definition.network,
-            state_dir=self.state_dir(spec.workdir), store_paths=store_paths(store, spec.workdir),
+            self.settings,
+            record,
+            base=spec.workdir,
+            sink=store,
+            network=definition.network,
+            state_dir=self.state_dir(spec.workdir),
+            store_paths=store_paths(store, spec.workdir),
             parent=self._workspaces.get(record.parent_run_id or ""),
-        )  # fmt: skip
+        )
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
         ctx: RunContext | None = None
         workspace: Workspace | None = None
