@@ -1,9 +1,12 @@
-"""What a tier saves about a run (``workspaces/saved.py``): one model per tier, read back
-through ``saved_state`` by everything that uses a run record's ``workspace``."""
+"""What a tier saves about a run: one model per tier (its parts in ``workspaces/saved.py``),
+read back through ``registry.saved_state`` by everything that uses a record's ``workspace``."""
 
 from __future__ import annotations
 
-from orchestrator.workspaces.saved import ContainerState, SharedState, WorktreeState, saved_state
+from orchestrator.workspaces.container.export import ContainerState
+from orchestrator.workspaces.registry import saved_state
+from orchestrator.workspaces.shared import SharedState
+from orchestrator.workspaces.worktree import WorktreeState
 
 
 def test_each_tier_reads_back_as_its_own_model() -> None:

@@ -10,7 +10,11 @@ from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .hiding import absolute_hidden, hidden_rels, mirrored
 from .host import HostRuntime, confinement, os_sandbox_mode, run_confined
 from .lifetime import Shielded
-from .saved import SharedState
+from .saved import Confined
+
+
+class SharedState(Confined):
+    isolation: Literal["shared"] = "shared"
 
 
 class SharedConfig(TierConfig):

@@ -49,7 +49,7 @@ from .hiding import absolute_hidden, hidden_reason, hidden_rels
 from .host import HostRuntime, confinement, os_sandbox_mode, run_confined
 from .includes import excluded_paths, include_files, untracked, write_includes
 from .lifetime import Shielded
-from .saved import WorktreeState
+from .saved import BranchState, Confined
 from .settle import commit_message, lock_reason, remove_worktree, salvage_worktree, settle
 
 __all__ = ["WorktreeConfig", "WorktreeWorkspace", "salvage_worktree"]
@@ -250,6 +250,10 @@ class WorktreeWorkspace(Shielded):
         )
         self._created = False
         self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
+
+
+class WorktreeState(BranchState, Confined):
+    isolation: Literal["worktree"] = "worktree"
 
 
 class WorktreeConfig(TierConfig):

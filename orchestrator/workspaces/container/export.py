@@ -34,7 +34,9 @@ import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
 
 from ...config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
 from ...errors import OrchError, UsageError
@@ -42,7 +44,7 @@ from ...git import RepoPaths, git
 from ...repo import discover, is_ancestor, rev
 from ..base import process_start
 from ..branch import ref_component
-from ..saved import ContainerState, saved_state
+from ..saved import BranchState
 from ..settle import commit_env, commit_message
 from .docker import MANAGED, OWNER_UID, TOKEN, docker_client, docker_errors, remove_by_id
 from .dockerexec import Sandbox
@@ -224,9 +226,34 @@ async def salvage_container(record: RunRecord | None, ref: str) -> list[str]:
         client.close()
 
 
+class ContainerState(BranchState):
+    """What a container run saves (its ``info()``), with what a salvage after a crash
+    needs: the starting commit, the container, the sandbox user and the bundle cap."""
+
+    isolation: Literal["container"] = "container"
+    start: str = ""  # the commit the container started from
+    continued: bool = False  # the branch was continued (it is never deleted)
+    container: str = ""  # the container id's first 12 characters
+    image: str = ""
+    user: str = ""  # "uid:gid"
+    pooled: bool = False
+    bundle_max_bytes: int | None = None
+
+
+def _saved(record: RunRecord | None) -> ContainerState | None:
+    """The run record's workspace as the container tier saved it, if it did."""
+    data = record.workspace if record is not None else {}
+    if data.get("isolation") != "container":
+        return None
+    try:
+        return ContainerState.model_validate(data)
+    except ValidationError:
+        return None
+
+
 def _where(record: RunRecord | None, container_id: str) -> tuple[ContainerState, str, str]:
     """The run record's workspace (written by the owner), checked: (saved, user, branch)."""
-    ws = saved_state(record.workspace) if record is not None else None
+    ws = _saved(record)
     if not isinstance(ws, ContainerState) or not ws.repo:
         raise OrchError("its run had not opened its workspace (no work to keep)")
     if not container_id.startswith(ws.container or "-"):

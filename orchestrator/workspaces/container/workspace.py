@@ -50,7 +50,6 @@ from ..branch import branch_name, continued_start, with_branch
 from ..hiding import hidden_reason, hidden_rels, mirrored
 from ..includes import excluded_paths, include_files, untracked
 from ..lifetime import Shielded
-from ..saved import ContainerState
 from ..settle import branch_artifacts, commit_message
 from .docker import (
     TOKEN,
@@ -64,7 +63,7 @@ from .docker import (
     start_container,
 )
 from .dockerexec import Sandbox
-from .export import checkpoint_resource, export_work, land
+from .export import ContainerState, checkpoint_resource, export_work, land
 from .pool import claim_warm
 from .runtime import ContainerRuntime
 from .transfer import NEEDS, SETUP, Staging, base_bundle, bundle_ref, write_archive
