@@ -38,8 +38,7 @@ from worktree import make_repo  # noqa: E402  (bench/ is on sys.path)
 from orchestrator.config import SandboxSettings  # noqa: E402
 from orchestrator.run import new_run_id  # noqa: E402
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec  # noqa: E402
-from orchestrator.workspaces.container import ContainerWorkspace  # noqa: E402
-from orchestrator.workspaces.pool import ContainerPool  # noqa: E402
+from orchestrator.workspaces.container import ContainerPool, ContainerWorkspace  # noqa: E402
 
 IMAGE = "orch-sandbox:latest"
 FILES = 200
@@ -52,8 +51,8 @@ CHANGE = 'for i in $(seq 100); do echo "change $i" > pkg00/new$i.py; done'
 
 
 def _spec(repo: Path) -> WorkspaceSpec:
-    options = {"sandbox": SandboxSettings(image=IMAGE).model_dump()}
-    return WorkspaceSpec(new_run_id(), "c-bench", "bench", "bench", repo, options=options)
+    sandbox = SandboxSettings(image=IMAGE)
+    return WorkspaceSpec(new_run_id(), "c-bench", "bench", "bench", repo, sandbox=sandbox)
 
 
 async def _enter_once(repo: Path) -> tuple[float, ContainerWorkspace]:

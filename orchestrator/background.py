@@ -153,7 +153,7 @@ def reap(store: RunStore, run_id: str) -> list[str]:
             if art:
                 done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
         elif kind in ("container", "checkpoint"):  # work salvaged, then the container removed
-            from .workspaces.boxout import reap_resource
+            from .workspaces.container.export import reap_resource
 
             done.extend(reap_resource(store.get_run(run_id), kind, ref))
         store.release_resource(run_id, kind, signed)

@@ -29,11 +29,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
+from weakref import WeakValueDictionary
 
 from .admission import Admission
 from .agent import AgentRun, LoopOutcome, RunContext
 from .background import me, spawn_worker, supervised, this_node
-from .config import DEFAULT_COMMIT_EXCLUDE, Settings
+from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Executor, RunHandle, spawned_event
 from .ending import announce, end_failed
@@ -98,6 +99,8 @@ class Runner:
         # Runs admitted by this process and not yet ended: their record as created (its
         # chain position and limits never change) and their resolved spec.
         self._live: dict[str, tuple[RunRecord, RunSpec]] = {}
+        # run id -> its workspace, while it lives: a child's spec names its parent's
+        self._workspaces: WeakValueDictionary[str, Workspace] = WeakValueDictionary()
         self._gates: dict[str, ChainGate] = {}  # chain id -> its max_chain_running gate
         self.rules = Admission(settings, store, catalog, models, self.tools)
 
@@ -286,23 +289,21 @@ class Runner:
             pid_start=pid_start, node=this_node(),
         )  # fmt: skip
         store.add_event(record.run_id, "run_started", record.started_event())
-        wspec = WorkspaceSpec(
-            run_id=record.run_id, chain_id=record.chain_id, agent=record.agent,
-            description=record.description, base=spec.workdir, sink=store,
-            options={"include": self.settings.worktree_include,
-                     "sandbox": self.settings.sandbox.model_dump(),
-                     "network": definition.network or self.settings.network,
-                     "extra_env": self.settings.extra_env,
-                     "commit_exclude": [*DEFAULT_COMMIT_EXCLUDE, *self.settings.commit_exclude],
-                     "state_dir": str(self.state_dir(spec.workdir)),
-                     "store_paths": store_paths(self.store, spec.workdir),
-                     "parent_run_id": record.parent_run_id},
-        )  # fmt: skip
+        wspec = WorkspaceSpec.for_run(
+            self.settings,
+            record,
+            base=spec.workdir,
+            sink=store,
+            network=definition.network,
+            state_dir=self.state_dir(spec.workdir),
+            store_paths=store_paths(store, spec.workdir),
+            parent=self._workspaces.get(record.parent_run_id or ""),
+        )
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
         ctx: RunContext | None = None
         workspace: Workspace | None = None
         try:
-            workspace = self.provision(spec.workspace, wspec)
+            workspace = self._workspaces[record.run_id] = self.provision(spec.workspace, wspec)
             async with workspace as ws:
                 record = store.update_run(record.run_id, workspace=ws.info())
                 notifications: list[str] = []
@@ -478,7 +479,7 @@ class Runner:
         """Keep ``sandbox.pool_size`` containers started (a no-op at 0) around a root run."""
         if self.settings.sandbox.pool_size <= 0:
             return contextlib.nullcontext()
-        from .workspaces.pool import ContainerPool
+        from .workspaces.container.pool import ContainerPool
 
         workdir = RunSpec.model_validate(record.options["spec"]).workdir
         return ContainerPool(workdir, self.settings.sandbox)

@@ -233,7 +233,7 @@ def _unavailable(why: str) -> None:
 def need_docker() -> None:
     """A reachable Docker engine; skips without one (fails under CI=true)."""
     from orchestrator.errors import OrchError
-    from orchestrator.workspaces.pool import docker_client
+    from orchestrator.workspaces.container.docker import docker_client
 
     try:
         docker_client().close()

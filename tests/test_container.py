@@ -20,18 +20,19 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli.sandbox import sandbox_app
-from orchestrator.config import SandboxSettings
+from orchestrator.config import SandboxSettings, load_settings
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.run import RunStatus, new_run_id
-from orchestrator.workspaces import pool as pool_mod
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
-from orchestrator.workspaces.container import (
-    ContainerWorkspace,
+from orchestrator.workspaces.container import ContainerPool, ContainerWorkspace
+from orchestrator.workspaces.container import docker as docker_mod
+from orchestrator.workspaces.container.docker import (
+    create_container,
     docker_client,
+    owner_labels,
     reap_by_label,
     remove_container,
 )
-from orchestrator.workspaces.pool import ContainerPool, create_container, owner_labels
 from tests.support import harness, init_repo, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("hermetic_git")]
@@ -91,10 +92,15 @@ def repo(tmp_path: Path) -> Path:
 
 
 def spec_for(repo: Path, sink: Any = None, **sandbox: Any) -> WorkspaceSpec:
-    options = {"sandbox": SandboxSettings(**sandbox).model_dump()}
     extra = {"sink": sink} if sink is not None else {}
     return WorkspaceSpec(
-        new_run_id(), "c-test", "coder", "test run", repo, options=options, **extra
+        new_run_id(),
+        "c-test",
+        "coder",
+        "test run",
+        repo,
+        sandbox=SandboxSettings(**sandbox),
+        **extra,
     )
 
 
@@ -492,7 +498,7 @@ def test_reap_by_label_removes_only_containers_of_dead_owners(repo: Path) -> Non
 
 
 def test_clear_errors(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert "orch sandbox build" in str(pool_mod._image_missing(SANDBOX))
+    assert "orch sandbox build" in str(docker_mod._image_missing(SANDBOX))
     spec = spec_for(repo, image="orch-no-such-image:latest", shell="sh")
     with pytest.raises(OrchError, match=r"image orch-no-such-image:latest not found: build or"):
         asyncio.run(ContainerWorkspace(spec).__aenter__())
@@ -504,16 +510,12 @@ def test_clear_errors(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not labelled(f"orch.run_id={spec.run_id}") and leftovers(repo) == []
     with pytest.raises(UsageError, match="never runs as uid 0"):
         asyncio.run(ContainerWorkspace(spec_for(repo, user="0:0")).__aenter__())
-    with pytest.raises(UsageError, match="sandbox.pids_limit"):
-        ContainerWorkspace(_bad_spec(repo))
-    monkeypatch.setattr(pool_mod, "_API_VERSION", {})
+    with pytest.raises(UsageError, match="sandbox.pids_limit"):  # checked once, with the settings
+        load_settings(repo, sandbox={"pids_limit": 1})
+    monkeypatch.setattr(docker_mod, "_API_VERSION", {})
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(OrchError, match=r"^Docker is not reachable .*start the engine"):
         docker_client()
-
-
-def _bad_spec(repo: Path) -> WorkspaceSpec:
-    return WorkspaceSpec(new_run_id(), "c", "a", "d", repo, options={"sandbox": {"pids_limit": 1}})
 
 
 def test_sandbox_cli(repo: Path, sandbox_image: str, monkeypatch: pytest.MonkeyPatch) -> None:

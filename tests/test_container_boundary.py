@@ -24,9 +24,9 @@ from orchestrator.config import SandboxSettings
 from orchestrator.errors import UsageError
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.team import run_team
-from orchestrator.workspaces import inbox
-from orchestrator.workspaces.boxruntime import parse_reply
 from orchestrator.workspaces.container import ContainerConfig
+from orchestrator.workspaces.container.inside import files as inbox
+from orchestrator.workspaces.container.runtime import parse_reply
 from tests.support import Harness, harness, init_repo, tool_results
 from tests.test_container import engine, labelled, leftovers, sandbox_image, sh
 

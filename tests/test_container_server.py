@@ -14,8 +14,7 @@ import pytest
 from orchestrator.config import SandboxSettings
 from orchestrator.errors import OrchError
 from orchestrator.workspaces.base import RunOutcome
-from orchestrator.workspaces.container import ContainerWorkspace
-from orchestrator.workspaces.pool import ContainerPool
+from orchestrator.workspaces.container import ContainerPool, ContainerWorkspace
 from tests.test_container import engine, leftovers, repo, sandbox_image, sh, spec_for
 
 __all__ = ["engine", "repo", "sandbox_image"]  # fixtures shared with test_container

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.config import SandboxSettings
 from orchestrator.store import SqliteStore
-from orchestrator.workspaces import inbox
 from orchestrator.workspaces.base import WorkspaceSpec
+from orchestrator.workspaces.container.inside import files as inbox
 from orchestrator.workspaces.hiding import hidden_reason, hidden_rels, mirrored
 from tests.fakeapi import FakeAPI, serve, text_reply
 from tests.support import git, init_repo, need_bwrap, orch, sandbox_image, write_script
@@ -221,12 +223,16 @@ def test_the_host_and_the_container_rule_agree(rel: str, refused: bool) -> None:
 def test_hidden_paths_map_into_the_workspace(tmp_path: Path) -> None:
     repo, home = tmp_path / "repo", Path(os.environ["HOME"])
     tree = repo / ".orch" / "worktrees" / "r-1"
-    options = {
-        "sandbox": {"hidden": ["rel/x", "../up", str(repo / "abs.env"), "~/.netrc"]},
-        "state_dir": str(repo / ".orch"),
-    }
-    spec = WorkspaceSpec(run_id="r-1", chain_id="c", agent="a", description="", base=repo)
-    spec.options.update(options)
+    hidden = ["rel/x", "../up", str(repo / "abs.env"), "~/.netrc"]
+    spec = WorkspaceSpec(
+        run_id="r-1",
+        chain_id="c",
+        agent="a",
+        description="",
+        base=repo,
+        sandbox=SandboxSettings(hidden=hidden),
+        state_dir=repo / ".orch",
+    )
     # a worktree mirrors the repository: its absolute hidden paths hold there too; the
     # state dir that contains the worktree hides nothing inside it
     assert hidden_rels(spec, [tree, repo]) == (".orch", "abs.env", "rel/x")
@@ -237,7 +243,7 @@ def test_hidden_paths_map_into_the_workspace(tmp_path: Path) -> None:
     home_rels = hidden_rels(spec, [home])
     assert ".ssh" in home_rels and ".netrc" in home_rels and ".orch" in home_rels
     # a state dir elsewhere inside the workspace ($ORCH_HOME)
-    spec.options["state_dir"] = str(repo / "state")
+    spec = replace(spec, state_dir=repo / "state")
     assert "state" in hidden_rels(spec, [repo])
 
 

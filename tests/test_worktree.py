@@ -25,11 +25,8 @@ from orchestrator.repo import parse_shortstat, short_run_id
 from orchestrator.run import RunRecord, RunStatus, new_run_id
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
-from orchestrator.workspaces.worktree import (
-    WorktreeWorkspace,
-    branch_name,
-    salvage_worktree,
-)
+from orchestrator.workspaces.branch import branch_name
+from orchestrator.workspaces.worktree import WorktreeWorkspace, salvage_worktree
 from tests.support import init_repo
 
 AUTHOR = "orch coder <orch@localhost>"
@@ -329,7 +326,7 @@ def test_worktreeinclude_copies_ignored_files(repo: Path, tmp_path: Path) -> Non
     seen: dict[str, Any] = {}
 
     async def body(change: bool) -> WorktreeWorkspace:
-        spec = make_spec(repo, options={"include": ["local.cfg"]})
+        spec = make_spec(repo, include=("local.cfg",))
         async with WorktreeWorkspace(spec) as ws:
             seen["env"] = (ws.root / ".env").read_text()
             seen["cfg"] = (ws.root / "local.cfg").read_text()

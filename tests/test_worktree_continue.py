@@ -1,4 +1,4 @@
-"""Worktree tier, continuing an existing branch (``options["branch"]``, ``options["base"]``):
+"""Worktree tier, continuing an existing branch (``spec.branch``, ``spec.branch_base``):
 what ``orch team`` uses to send a writer back to its branch and a reviewer to read it."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_continue_branch_commits_on_it_and_measures_from_base(repo: Path) -> Non
     seen: dict[str, Any] = {}
 
     async def body() -> WorktreeWorkspace:
-        spec = make_spec(repo, agent="writer", options={"branch": branch, "base": base})
+        spec = make_spec(repo, agent="writer", branch=branch, branch_base=base)
         async with WorktreeWorkspace(spec) as ws:
             seen["earlier"] = (ws.root / "w.txt").read_text()
             seen["info"] = ws.info()
@@ -60,7 +60,7 @@ def test_continue_branch_without_changes_keeps_it(repo: Path) -> None:
     tip = sh(repo, "rev-parse", branch)
 
     async def body() -> WorktreeWorkspace:
-        spec = make_spec(repo, agent="reviewer", options={"branch": branch})
+        spec = make_spec(repo, agent="reviewer", branch=branch)
         async with WorktreeWorkspace(spec) as ws:
             assert (ws.root / "w.txt").read_text() == "work\n"
             assert ws.info()["base"] == tip  # default base: the tip, only new work counts
@@ -78,20 +78,20 @@ def test_continue_branch_refusals_leave_branches_alone(repo: Path) -> None:
     branch = first.artifacts()[0]["branch"]
     tip, main = sh(repo, "rev-parse", branch), sh(repo, "rev-parse", "main")
 
-    def enter(options: dict[str, Any]) -> None:
-        asyncio.run(WorktreeWorkspace(make_spec(repo, options=options)).__aenter__())
+    def enter(continued: dict[str, Any]) -> None:
+        asyncio.run(WorktreeWorkspace(make_spec(repo, **continued)).__aenter__())
 
     with pytest.raises(UsageError, match="does not exist"):
         enter({"branch": "orch/writer/nothere"})
     with pytest.raises(UsageError, match=r"only continue an orch/\* branch"):
         enter({"branch": "main"})
     with pytest.raises(UsageError, match="not a commit"):
-        enter({"branch": branch, "base": "no-such-ref"})
+        enter({"branch": branch, "branch_base": "no-such-ref"})
 
     async def twice() -> None:
-        async with WorktreeWorkspace(make_spec(repo, options={"branch": branch})):
+        async with WorktreeWorkspace(make_spec(repo, branch=branch)):
             with pytest.raises(OrchError, match="in use by another worktree"):
-                async with WorktreeWorkspace(make_spec(repo, options={"branch": branch})):
+                async with WorktreeWorkspace(make_spec(repo, branch=branch)):
                     pass
 
     asyncio.run(twice())
@@ -103,7 +103,7 @@ def test_salvage_of_a_continued_run_never_deletes_the_branch(repo: Path) -> None
     first, _ = run_changes(repo, {"w.txt": "work\n"})
     branch = first.artifacts()[0]["branch"]
     tip = sh(repo, "rev-parse", branch)
-    idle, busy = (make_spec(repo, options={"branch": branch}) for _ in range(2))
+    idle, busy = (make_spec(repo, branch=branch) for _ in range(2))
 
     async def crash(spec: WorkspaceSpec, change: bool) -> Path:  # entered, never closed
         ws = await WorktreeWorkspace(spec).__aenter__()

@@ -51,7 +51,7 @@ def build_cmd(
 ) -> None:
     """Build orch-sandbox:latest (sandboxes/build.sh). When no registry answers within a few
     seconds (REGISTRY_TIMEOUT, default 4), it builds a Debian base with debootstrap instead."""
-    from ..workspaces.container import docker_client
+    from ..workspaces.container.docker import docker_client
 
     script = build_script()
     docker_client().close()  # one clear line when the engine is not reachable
@@ -78,7 +78,7 @@ def build_cmd(
 
 
 def _effective(as_root: bool, workdir: Path | None) -> dict[str, Any]:
-    from ..workspaces.pool import sandbox_user
+    from ..workspaces.container.docker import sandbox_user
 
     settings, trust = load_trusted(root_of(workdir))
     announce_trust(trust)
@@ -107,7 +107,7 @@ def config_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
 
 
 def _rows() -> list[dict[str, Any]]:
-    from ..workspaces.container import docker_client, list_containers
+    from ..workspaces.container.docker import docker_client, list_containers
 
     client = docker_client()
     try:
@@ -164,7 +164,7 @@ def prune_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
     project that own one get their work saved to their branches)."""
     from ..background import reconcile
     from ..store import open_store
-    from ..workspaces.container import reap_by_label
+    from ..workspaces.container.docker import reap_by_label
 
     root = root_of(workdir)
     store = open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted

@@ -159,7 +159,7 @@ def prune_cmd(
     the checkpoint refs of ended container runs."""
 
     from ..branches import prune
-    from ..workspaces.boxout import prune_refs
+    from ..workspaces.container.export import prune_refs
 
     async def go(root: Path) -> tuple[PruneReport, list[str]]:
         is_running, close = _run_checker(root)

@@ -104,7 +104,7 @@ def _split_reason(reason: str | None, setting: str) -> tuple[str, str]:
 
 def check_docker(settings: Settings) -> list[Check]:
     """The Docker engine and the sandbox image (only the container tier needs them)."""
-    from ..workspaces.pool import docker_client
+    from ..workspaces.container.docker import docker_client
 
     image = settings.sandbox.image
     try:

@@ -45,8 +45,8 @@ from ..repo import locate, rev
 from ..run import RunRecord, RunStatus, now
 from ..spec import RunSpec
 from ..store import SqliteStore, store_url
-from ..workspaces.boxout import land
-from ..workspaces.transfer import Staging, base_bundle, bundle_ref
+from ..workspaces.container.export import land
+from ..workspaces.container.transfer import Staging, base_bundle, bundle_ref
 from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
 

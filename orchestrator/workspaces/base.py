@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
 from ..statedir import sign
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
@@ -75,7 +76,8 @@ class NullSink:
 
 @dataclass
 class WorkspaceSpec:
-    """Everything a tier needs to open a workspace for one run."""
+    """Everything a tier needs to open a workspace for one run (``runner`` builds it from
+    the settings and the run record: ``workspace_spec``)."""
 
     run_id: str
     chain_id: str
@@ -83,7 +85,57 @@ class WorkspaceSpec:
     description: str
     base: Path  # the spawner's workspace root: the user's tree for a root run
     sink: ResourceSink = field(default_factory=NullSink)
-    options: dict[str, Any] = field(default_factory=dict)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # validated once
+    network: str = "none"  # "host": host-tier commands reach the network
+    include: tuple[str, ...] = ()  # untracked files copied in, besides ``.worktreeinclude``
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # given to host-tier commands
+    commit_exclude: tuple[str, ...] = tuple(DEFAULT_COMMIT_EXCLUDE)  # left out of auto-commits
+    state_dir: Path | None = None  # orch's state dir: hidden, never copied in
+    store_paths: tuple[Path, ...] = ()  # every path of the run store: hidden, never copied in
+    parent: Workspace | None = None  # the spawner's open workspace (None for a root run)
+    branch: str | None = None  # an existing orch/* branch to continue
+    branch_base: str | None = None  # the commit a continued branch's work is measured from
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: Settings,
+        run: RunIdentity,
+        *,
+        base: Path,
+        sink: ResourceSink,
+        network: str | None,
+        state_dir: Path,
+        store_paths: Sequence[str | Path],
+        parent: Workspace | None,
+    ) -> WorkspaceSpec:
+        """The spec of one run from the settings (``network``: the agent definition's, else
+        the settings'); ``parent``: the spawner's open workspace, if any."""
+        return cls(
+            run_id=run.run_id,
+            chain_id=run.chain_id,
+            agent=run.agent,
+            description=run.description,
+            base=base,
+            sink=sink,
+            sandbox=settings.sandbox,
+            network=network or settings.network,
+            include=tuple(settings.worktree_include),
+            extra_env=dict(settings.extra_env),
+            commit_exclude=(*DEFAULT_COMMIT_EXCLUDE, *settings.commit_exclude),
+            state_dir=state_dir,
+            store_paths=tuple(Path(p) for p in store_paths),
+            parent=parent,
+        )
+
+
+class RunIdentity(Protocol):
+    """What a workspace knows of its run (a ``RunRecord`` is one)."""
+
+    run_id: str
+    chain_id: str
+    agent: str
+    description: str
 
 
 @dataclass

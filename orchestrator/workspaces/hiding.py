@@ -19,7 +19,7 @@ The list, for one workspace (:func:`hidden_rels`):
 The rule (:func:`hidden_reason`) is lexical on the path *that is opened*: on the host,
 :mod:`orchestrator.safefs` follows no symlink, applies ``..`` by its words and refuses
 hard-linked files, so the normalized relative path is the file; in a container
-:mod:`.inbox` applies the same rule to the path after resolving it. Names are compared
+:mod:`.inside.files` applies the same rule to the path after resolving it. Names are compared
 case-folded (a case-insensitive filesystem cannot spell its way around the list).
 """
 
@@ -29,7 +29,6 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..config import SandboxSettings
 from ..osbox import default_hidden
 from .base import WorkspaceSpec
 
@@ -77,8 +76,8 @@ def _within(path: Path, roots: Iterable[Path]) -> set[str]:
 def hidden_rels(spec: WorkspaceSpec, mirrors: Sequence[Path]) -> tuple[str, ...]:
     """The workspace-relative hidden paths of a workspace that mirrors the host
     directories ``mirrors`` (its own root on the host, and the tree it was made from)."""
-    cfg = SandboxSettings.model_validate(spec.options.get("sandbox") or {})
-    return hidden_within(mirrors, cfg.hidden, spec.options.get("state_dir"))
+    state_dir = str(spec.state_dir) if spec.state_dir is not None else None
+    return hidden_within(mirrors, spec.sandbox.hidden, state_dir)
 
 
 def hidden_within(

@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import SandboxSettings
 from ..osbox import (
     OsSandbox,
     SandboxUnavailable,
@@ -39,6 +38,7 @@ from ..osbox import (
 from ..safefs import Beneath, UnsafePath
 from .base import FileRead, ProcessResult, WorkspaceSpec, run_process
 from .hiding import hidden_reason
+from .saved import BwrapUsed
 
 SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
 GREP_FILE_BYTES = 2 * 1024 * 1024  # a larger file is searched in its first 2 MiB only
@@ -51,36 +51,24 @@ CHAIN_ENV = ("ORCH_CHAIN_ID", "ORCH_PARENT_RUN_ID", "ORCH_DEPTH")
 ORCH_ITSELF = (Path(sys.prefix), Path(__file__).resolve().parents[2])
 
 
-def os_sandbox_of(spec: WorkspaceSpec) -> str:
-    """How the run's host-tier commands are confined: "bwrap" or "off" (unsandboxed)."""
-    sandbox = spec.options.get("sandbox") or {}  # SandboxSettings dumped: validated already
-    return str(sandbox.get("os", SandboxSettings.model_fields["os"].default))
-
-
 def os_sandbox_mode(spec: WorkspaceSpec) -> str:
-    """``os_sandbox_of``; raises SandboxUnavailable (the fix in one line) when bwrap is
-    asked for and cannot run here: a host tier fails closed at start."""
-    mode = os_sandbox_of(spec)
-    if mode == "bwrap" and (reason := available(bwrap_setting_of(spec))) is not None:
+    """How the run's host-tier commands are confined: "bwrap" or "off" (unsandboxed); raises
+    SandboxUnavailable (the fix in one line) when bwrap is asked for and cannot run here: a
+    host tier fails closed at start."""
+    mode = spec.sandbox.os
+    if mode == "bwrap" and (reason := available(spec.sandbox.bwrap)) is not None:
         raise SandboxUnavailable(reason)
     return mode
 
 
-def bwrap_setting_of(spec: WorkspaceSpec) -> str:
-    """The run's ``sandbox.bwrap``."""
-    sandbox = spec.options.get("sandbox") or {}
-    return str(sandbox.get("bwrap", SandboxSettings.model_fields["bwrap"].default))
-
-
-def confinement_info(spec: WorkspaceSpec) -> dict[str, Any]:
-    """The run record's word on how a host tier's commands run: ``os_sandbox`` ("bwrap" or
-    "off"), ``bwrap`` (which one ran: path, version, source; None when off) and ``network``."""
-    mode = os_sandbox_of(spec)
+def confinement(spec: WorkspaceSpec) -> dict[str, Any]:
+    """The saved word (``saved.Confined``) on how a host tier's commands run: ``os_sandbox``
+    ("bwrap" or "off"), ``bwrap`` (which one ran; None when off) and ``network``."""
     bwrap = None
-    if mode == "bwrap":
-        choice = bwrap_choice(bwrap_setting_of(spec))
-        bwrap = {"path": choice.path, "version": choice.version, "source": choice.source}
-    return {"os_sandbox": mode, "bwrap": bwrap, "network": spec.options.get("network", "none")}
+    if spec.sandbox.os == "bwrap":
+        choice = bwrap_choice(spec.sandbox.bwrap)
+        bwrap = BwrapUsed(path=choice.path, version=choice.version, source=choice.source)
+    return {"os_sandbox": spec.sandbox.os, "bwrap": bwrap, "network": spec.network}
 
 
 async def run_confined(
@@ -96,19 +84,19 @@ async def run_confined(
     """``bash -c command`` in ``workspace`` under the run's OS sandbox; ``hidden_within``:
     the workspace's own hidden paths (``hiding.hidden_rels``) as host paths."""
     argv = ["bash", "-c", command]
-    cfg = SandboxSettings.model_validate(spec.options.get("sandbox") or {})
+    cfg = spec.sandbox
     if cfg.os == "off":
         return await run_process(
             argv, cwd=workspace, env=env, timeout_s=timeout_s, sink=spec.sink, run_id=spec.run_id
         )
     chain = {k: env[k] for k in CHAIN_ENV if k in env}
-    box_env = {**sandbox_env(env, chain), **spec.options.get("extra_env", {})}
+    box_env = {**sandbox_env(env, chain), **spec.extra_env}
     home = Path(env.get("HOME") or "/")
     hidden = [home / p[2:] if p.startswith("~/") else Path(p) for p in cfg.hidden]
-    if state := spec.options.get("state_dir"):
-        hidden.append(Path(state))
+    if spec.state_dir is not None:
+        hidden.append(spec.state_dir)
     hidden += hidden_within
-    hidden += [Path(p) for p in spec.options.get("store_paths", ())]  # every store it reaches
+    hidden += spec.store_paths  # every store it reaches
     # ~/.orch (the warm process's socket, user config) is hidden; a path that does not
     # exist cannot be, and would show once made during the command: make it now
     with contextlib.suppress(OSError):
@@ -117,7 +105,7 @@ async def run_confined(
         workspace=workspace,
         read_only_within=(*read_only_within, *ORCH_ITSELF),
         hidden=default_hidden(None, *hidden),
-        network=spec.options.get("network") == "host",
+        network=spec.network == "host",
         env=box_env,
         bwrap=cfg.bwrap,
     )

@@ -2,7 +2,8 @@
 
 Every tier that copies files of the user's tree into a run's workspace goes through here:
 the worktree tier writes them into the new worktree (:func:`write_includes`), the
-container tier tars them (``transfer.write_archive``). Both read with :func:`include_files`:
+container tier tars them (``container.transfer.write_archive``). Both read with
+:func:`include_files`:
 
 - beneath the source root through :mod:`orchestrator.safefs`: no symlink is followed at
   any component (a listed symlink, a symlinked directory, a directory swapped for a
@@ -22,7 +23,9 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from ..git import RepoPaths, git
 from ..safefs import Beneath, TooManyEntries, UnsafePath
+from .base import WorkspaceSpec
 
 INCLUDE_FILE = ".worktreeinclude"
 INCLUDE_FILE_MAX = 10 * 1024 * 1024  # one included file; larger ones are skipped
@@ -30,21 +33,26 @@ INCLUDE_TOTAL_MAX = 64 * 1024 * 1024
 NEVER = (".git", ".orch")  # top-level directories never copied
 
 
-def excluded_paths(options: Mapping[str, object], home: str | None = None) -> list[Path]:
-    """The paths a copy never takes from, out of a workspace spec's options: the state dir,
-    every store path and the run's ``sandbox.hidden`` (``~/`` under ``home``)."""
+def excluded_paths(spec: WorkspaceSpec, home: str | None = None) -> list[Path]:
+    """The paths a copy never takes from: the state dir, every store path and the run's
+    ``sandbox.hidden`` (``~/`` under ``home``)."""
     home = home or os.environ.get("HOME") or "/"
-    found: list[Path] = []
-    if state := options.get("state_dir"):
-        found.append(Path(str(state)))
-    stores = options.get("store_paths")
-    found += [Path(str(p)) for p in stores] if isinstance(stores, list) else []
-    sandbox = options.get("sandbox")
-    hidden = sandbox.get("hidden") if isinstance(sandbox, dict) else None
-    for raw in hidden if isinstance(hidden, list) else []:
-        text = str(raw)
+    found = [spec.state_dir] if spec.state_dir is not None else []
+    found += spec.store_paths
+    for text in spec.sandbox.hidden:
         found.append(Path(home) / text[2:] if text.startswith("~/") else Path(text))
     return found
+
+
+async def untracked(repo: RepoPaths, rels: list[str]) -> list[str]:
+    """The paths of ``rels`` that git does not track in ``repo`` (includes are copies of
+    ignored or untracked files; tracked ones come with the checkout or the bundle)."""
+    tracked: set[str] = set()
+    for i in range(0, len(rels), 200):
+        chunk = [f":(literal){r}" for r in rels[i : i + 200]]
+        listed = await git("ls-files", "-z", "--", *chunk, repo=repo, check=False)
+        tracked.update(p for p in listed.out.split("\0") if p)
+    return [r for r in rels if r not in tracked]
 
 
 def _inside(tree: Path, paths: Iterable[Path]) -> list[str]:

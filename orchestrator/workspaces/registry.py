@@ -1,8 +1,9 @@
 """The isolation tiers, weakest first: the only list of them.
 
 Adding a tier is one new module (a :class:`~.base.TierConfig` subclass whose
-``provision`` makes its :class:`~.base.Workspace`) plus its entry here, in
-``TIERS`` and in the ``WorkspaceConfig`` union. The order of ``TIERS`` is the
+``provision`` makes its :class:`~.base.Workspace`, and the model of what it saves about a
+run, from :mod:`.saved`) plus its entries here: in ``TIERS``, in the ``WorkspaceConfig``
+union and in the ``WorkspaceState`` union. The order of ``TIERS`` is the
 trust order: a child may run in its parent's tier or a stronger one, never a
 weaker one.
 """
@@ -11,18 +12,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, ValidationError
 
 from ..errors import OrchError, UsageError
 from .base import TierConfig
-from .container import ContainerConfig
-from .shared import SharedConfig
-from .worktree import WorktreeConfig
+from .container.export import ContainerState
+from .container.workspace import ContainerConfig
+from .shared import SharedConfig, SharedState
+from .worktree import WorktreeConfig, WorktreeState
 
 TIERS: tuple[type[TierConfig], ...] = (SharedConfig, WorktreeConfig, ContainerConfig)
 
 WorkspaceConfig = Annotated[
     SharedConfig | WorktreeConfig | ContainerConfig, Field(discriminator="type")
+]
+
+WorkspaceState = Annotated[
+    SharedState | WorktreeState | ContainerState, Field(discriminator="isolation")
 ]
 
 _BY_NAME: dict[str, type[TierConfig]] = {
@@ -31,6 +37,7 @@ _BY_NAME: dict[str, type[TierConfig]] = {
 TIER_NAMES: tuple[str, ...] = tuple(_BY_NAME)
 BRANCH_TIERS: tuple[str, ...] = tuple(n for n, c in _BY_NAME.items() if c.needs_git)
 _ADAPTER: TypeAdapter[WorkspaceConfig] = TypeAdapter(WorkspaceConfig)
+_SAVED: TypeAdapter[WorkspaceState] = TypeAdapter(WorkspaceState)
 
 
 def unknown_tier(name: str) -> UsageError:
@@ -73,3 +80,15 @@ def choose_tier(asked: TierConfig | None, agents: str | None, parents: str | Non
     if agents and rank(agents) >= floor:
         return tier_config(agents)
     return tier_config(parents or TIER_NAMES[0])
+
+
+def saved_state(data: object) -> WorkspaceState | None:
+    """A run record's ``workspace`` as its tier's model; None when the run never opened its
+    workspace (an empty record) or no tier wrote it."""
+    if not isinstance(data, dict) or not data:
+        return None
+    try:
+        state: WorkspaceState = _SAVED.validate_python(data)
+    except ValidationError:
+        return None
+    return state

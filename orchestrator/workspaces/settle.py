@@ -43,16 +43,10 @@ from ..repo import (
     worktree_entries,
     worktree_paths,
 )
-from .base import WorkspaceSpec
 
 ORCH_EMAIL = "orch@localhost"
 _BASE_IN_REASON = re.compile(r"\(base ([0-9a-f]{7,64})\)")
 USER_EXCLUDES_MAX = 1024 * 1024  # of the user's global ignore file, copied after orch's
-
-
-def commit_exclude(spec: WorkspaceSpec) -> list[str]:
-    """The patterns a run's auto-commit leaves out (the runner puts them in the options)."""
-    return [str(p) for p in spec.options.get("commit_exclude", DEFAULT_COMMIT_EXCLUDE)]
 
 
 def agent_of_branch(branch: str) -> str:
@@ -66,8 +60,12 @@ def commit_message(description: str, run_id: str, status: str) -> str:
 
 def commit_env(agent: str) -> dict[str, str]:
     name = f"orch {agent}"
-    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": ORCH_EMAIL,
-            "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": ORCH_EMAIL}  # fmt: skip
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": ORCH_EMAIL,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": ORCH_EMAIL,
+    }
 
 
 def owns_branch(branch: str, run_id: str) -> bool:
@@ -93,8 +91,16 @@ async def remove_worktree(main: RepoPaths, path: Path, branch: str | None) -> No
     """Unlock and remove a worktree, then delete ``branch`` when given."""
     async with repo_lock(main.main_root):
         await git("worktree", "unlock", str(path), repo=main, check=False)
-        result = await git("worktree", "remove", "--force", "--force", str(path),
-                           repo=main, check=False, retry=True)  # fmt: skip
+        result = await git(
+            "worktree",
+            "remove",
+            "--force",
+            "--force",
+            str(path),
+            repo=main,
+            check=False,
+            retry=True,
+        )
         if result.code != 0:
             await asyncio.to_thread(_discard_dir, path, main.main_root)
             await git("worktree", "prune", repo=main, check=False)
@@ -138,17 +144,41 @@ async def commit_all(
     never looked into (``--ignore-submodules=dirty``: only their HEAD is read).
     """
     async with excludes(exclude) as cfg:
-        status = await git("status", "--porcelain", "-z", "--untracked-files=all",
-                           "--ignore-submodules=dirty", repo=tree, config=cfg)  # fmt: skip
+        status = await git(
+            "status",
+            "--porcelain",
+            "-z",
+            "--untracked-files=all",
+            "--ignore-submodules=dirty",
+            repo=tree,
+            config=cfg,
+        )
         if not status.out:
             return False
         await _add_all(tree, status.out, cfg)
-    staged = await git("diff", "--cached", "--quiet", "--no-ext-diff", "--no-textconv",
-                       "--ignore-submodules=dirty", repo=tree, check=False)  # fmt: skip
+    staged = await git(
+        "diff",
+        "--cached",
+        "--quiet",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--ignore-submodules=dirty",
+        repo=tree,
+        check=False,
+    )
     if staged.code == 0:
         return False
-    await git("commit", "--no-verify", "-q", "--cleanup=whitespace", "-m", message,
-              repo=tree, identity=commit_env(agent), retry=True)  # fmt: skip
+    await git(
+        "commit",
+        "--no-verify",
+        "-q",
+        "--cleanup=whitespace",
+        "-m",
+        message,
+        repo=tree,
+        identity=commit_env(agent),
+        retry=True,
+    )
     return True
 
 
@@ -163,14 +193,20 @@ async def _add_all(tree: RepoPaths, status: str, cfg: list[tuple[str, str]]) -> 
     skip = [f":(exclude,literal){path}" for path in nested]
     await git("add", "-A", "--", ".", *skip, repo=tree, retry=True, config=cfg)
     for path in nested:
-        await git("add", "--", f":(literal){path.rstrip('/')}", repo=tree, check=False,
-                  config=cfg)  # fmt: skip
+        await git("add", "--", f":(literal){path.rstrip('/')}", repo=tree, check=False, config=cfg)
 
 
 async def settle(
-    main: RepoPaths, root: Path, tree: RepoPaths | None, branch: str, base: str, agent: str,
-    message: str, keep_branch: bool = False, exclude: Sequence[str] = DEFAULT_COMMIT_EXCLUDE,
-) -> list[dict[str, Any]]:  # fmt: skip
+    main: RepoPaths,
+    root: Path,
+    tree: RepoPaths | None,
+    branch: str,
+    base: str,
+    agent: str,
+    message: str,
+    keep_branch: bool = False,
+    exclude: Sequence[str] = DEFAULT_COMMIT_EXCLUDE,
+) -> list[dict[str, Any]]:
     """Commit the work in ``root`` on ``branch`` (but untracked files matching ``exclude``);
     remove the worktree; keep a branch with work (and always with ``keep_branch``: a branch
     the run did not create)."""
@@ -186,19 +222,7 @@ async def settle(
         elif not await is_ancestor(main, head, tip) and not await is_ancestor(main, head, base):
             extra.append(f"{branch}-head")
             await git("update-ref", f"refs/heads/{branch}-head", head, repo=main)
-    artifacts: list[dict[str, Any]] = []
-    for name in [branch, *extra]:
-        commit = await rev(f"refs/heads/{name}", main)
-        if commit is None:
-            continue
-        ahead = await git("rev-list", "--count", f"{base}..{commit}", repo=main)
-        if int(ahead.out.strip() or 0) == 0:
-            continue
-        files, ins, dels = await diff_stats(main, base, commit)
-        artifacts.append(
-            {"kind": "branch", "branch": name, "base": base, "commit": commit,
-             "files_changed": files, "insertions": ins, "deletions": dels}
-        )  # fmt: skip
+    artifacts = await branch_artifacts(main, [branch, *extra], {}, base, base)
     keep = keep_branch or any(a["branch"] == branch for a in artifacts)
     await remove_worktree(main, root, None if keep else branch)
     return artifacts
@@ -246,3 +270,32 @@ async def salvage_worktree(
     tree = await asyncio.to_thread(worktree_paths, main, real)
     artifacts = await settle(main, real, tree, branch, base, agent, message, keep)
     return artifacts[0] if artifacts else None
+
+
+async def branch_artifacts(
+    main: RepoPaths, branches: list[str], known: dict[str, str], base: str, start: str
+) -> list[dict[str, Any]]:
+    """Branch artifacts (measured from ``base``) of the ``branches`` with work on them;
+    ``known``: tips just landed (work on them when the run started from its base)."""
+    out: list[dict[str, Any]] = []
+    for name in dict.fromkeys(branches):
+        commit = known.get(name) or await rev(f"refs/heads/{name}", main)
+        if commit is None:
+            continue
+        if name not in known or base != start:
+            ahead = await git("rev-list", "--count", f"{base}..{commit}", repo=main)
+            if int(ahead.out.strip() or 0) == 0:
+                continue
+        files, ins, dels = await diff_stats(main, base, commit)
+        out.append(
+            {
+                "kind": "branch",
+                "branch": name,
+                "base": base,
+                "commit": commit,
+                "files_changed": files,
+                "insertions": ins,
+                "deletions": dels,
+            }
+        )
+    return out

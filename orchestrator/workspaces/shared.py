@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .hiding import absolute_hidden, hidden_rels, mirrored
-from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
+from .host import HostRuntime, confinement, os_sandbox_mode, run_confined
+from .lifetime import Shielded
+from .saved import Confined
+
+
+class SharedState(Confined):
+    isolation: Literal["shared"] = "shared"
 
 
 class SharedConfig(TierConfig):
@@ -22,24 +27,13 @@ class SharedConfig(TierConfig):
         return SharedWorkspace(spec)
 
 
-class SharedWorkspace:
+class SharedWorkspace(Shielded):
     isolation = "shared"
 
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
         self.root: Path = spec.base  # resolved: a root's at admission, a child's is its parent's
         self.hidden = hidden_rels(spec, mirrored(self.root))  # refused to every tool (``hiding``)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
@@ -61,7 +55,7 @@ class SharedWorkspace:
         return None
 
     def info(self) -> dict[str, Any]:
-        return {"isolation": self.isolation, "root": str(self.root), **confinement_info(self.spec)}
+        return SharedState(root=str(self.root), **confinement(self.spec)).dump()
 
     def artifacts(self) -> list[dict[str, Any]]:
         return []

@@ -6,7 +6,7 @@ itself a worktree of a parent run) on a new branch ``orch/<agent>/<short id>``
 based on the current HEAD of ``spec.base``: the user's HEAD for a root run, the
 parent's worktree HEAD for a nested child. Only committed state is carried:
 uncommitted changes of the user (or of a parent run) are NOT in the new
-worktree. Git-ignored or untracked files named by ``options["include"]`` and
+worktree. Git-ignored or untracked files named by ``spec.include`` and
 ``.worktreeinclude`` (glob patterns) are copied in; copies left unchanged are
 not committed back.
 
@@ -21,11 +21,11 @@ are serialized per repository (an asyncio lock and an flock on
 with an explicit ``GIT_DIR`` (the worktree's admin dir, found from the main
 repository, never from a ``.git`` file in a tree a run wrote).
 
-Continuing a branch: ``options["branch"]`` names an existing ``orch/*`` branch
+Continuing a branch: ``spec.branch`` names an existing ``orch/*`` branch
 (left by an earlier run, e.g. a writer going on after a review) to check out in
 the new worktree instead of making a new one. New work is committed on it; it
 is never deleted, even when the run changed nothing (nor by a salvage: only a
-run's own ``orch/<agent>/<short id>`` branch is). ``options["base"]`` is the
+run's own ``orch/<agent>/<short id>`` branch is). ``spec.branch_base`` is the
 commit its artifact is measured from (default: the branch tip, i.e. only what
 this run adds).
 """
@@ -34,66 +34,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-from collections.abc import Awaitable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
 from stat import S_ISREG
-from types import TracebackType
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import Any, ClassVar, Literal
 
 from ..errors import OrchError, UsageError
 from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
-from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, short_run_id, worktree_paths
+from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, worktree_paths
 from ..safefs import Beneath, UnsafePath
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from .branch import branch_name, continued_start, ref_component, with_branch
 from .hiding import absolute_hidden, hidden_reason, hidden_rels
-from .host import HostRuntime, confinement_info, os_sandbox_mode, run_confined
-from .includes import excluded_paths, include_files, write_includes
-from .settle import (
-    commit_exclude,
-    commit_message,
-    lock_reason,
-    remove_worktree,
-    salvage_worktree,
-    settle,
-)
-from .transfer import untracked
+from .host import HostRuntime, confinement, os_sandbox_mode, run_confined
+from .includes import excluded_paths, include_files, untracked, write_includes
+from .lifetime import Shielded
+from .saved import BranchState, Confined
+from .settle import commit_message, lock_reason, remove_worktree, salvage_worktree, settle
 
-T = TypeVar("T")
-
-__all__ = ["WorktreeConfig", "WorktreeWorkspace", "branch_name", "salvage_worktree"]
-
-# -- pure helpers -----------------------------------------------------------------------
-
-
-def ref_component(name: str) -> str:
-    """``name`` made safe as one component of a branch name."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip(".-")
-    safe = re.sub(r"\.{2,}", ".", safe).removesuffix(".lock")
-    return safe or "agent"
-
-
-def branch_name(agent: str, run_id: str) -> str:
-    return f"orch/{ref_component(agent)}/{short_run_id(run_id)}"
-
-
-async def await_shielded(aw: Awaitable[T]) -> T:
-    """Run ``aw`` to completion even if the caller is cancelled meanwhile, then re-cancel."""
-    task = asyncio.ensure_future(aw)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                cancelled = True
-        except BaseException:
-            break
-    if cancelled and not task.cancelled() and task.exception() is None:
-        raise asyncio.CancelledError
-    return task.result()
-
+__all__ = ["WorktreeConfig", "WorktreeWorkspace", "salvage_worktree"]
 
 # -- filesystem helpers (blocking: run them in a thread) ---------------------------------
 
@@ -115,7 +74,7 @@ def _drop_unchanged_copies(root: Path, copied: Mapping[str, tuple[int, int]]) ->
 # -- the workspace ----------------------------------------------------------------------
 
 
-class WorktreeWorkspace:
+class WorktreeWorkspace(Shielded):
     isolation = "worktree"
     _main: RepoPaths | None = None  # the main checkout, once found
     _tree: RepoPaths | None = None  # the worktree (its admin dir as GIT_DIR), once made
@@ -124,9 +83,8 @@ class WorktreeWorkspace:
         self.spec = spec
         self.base_path = spec.base.resolve()
         self.root: Path = self.base_path  # the worktree once entered
-        continued = spec.options.get("branch")
         # an existing branch to go on with: checked out, committed on, never deleted
-        self.continued: str | None = str(continued) if continued else None
+        self.continued: str | None = spec.branch or None
         self.branch = self.continued or branch_name(spec.agent, spec.run_id)
         self.base_commit = ""
         self.main_root: Path | None = None
@@ -137,22 +95,14 @@ class WorktreeWorkspace:
         self._copied: dict[str, tuple[int, int]] = {}
         self._artifacts: list[dict[str, Any]] = []
 
-    async def __aenter__(self) -> Self:
-        try:
-            await await_shielded(self._create())
-        except BaseException:
-            await await_shielded(self._discard())
-            raise
-        return self
+    async def _open(self) -> None:
+        await self._create()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        outcome = RunOutcome.at_exit(self._outcome, exc_type, self.spec.description)
-        await await_shielded(self._close(outcome))
+    async def _undo(self) -> None:
+        await self._discard()
+
+    async def _shut(self, exc_type: type[BaseException] | None) -> None:
+        await self._close(RunOutcome.at_exit(self._outcome, exc_type, self.spec.description))
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
@@ -161,18 +111,28 @@ class WorktreeWorkspace:
             raise OrchError("the worktree workspace is not open; use it inside `async with`")
         assert self.main_root is not None
         return await run_confined(
-            command, spec=self.spec, workspace=self.root, timeout_s=timeout_s, env=env,
+            command,
+            spec=self.spec,
+            workspace=self.root,
+            timeout_s=timeout_s,
+            env=env,
             read_only_within=(self.root / ".git", self.main_root / ".git"),
             hidden_within=absolute_hidden(self.root, self.hidden),
-        )  # fmt: skip
+        )
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         self._outcome = outcome
 
     def info(self) -> dict[str, Any]:
         repo = str(self.main_root) if self.main_root else None
-        return {"isolation": self.isolation, "root": str(self.root), "branch": self.branch,
-                "base": self.base_commit, "repo": repo, **confinement_info(self.spec)}  # fmt: skip
+        saved = WorktreeState(
+            root=str(self.root),
+            branch=self.branch,
+            base=self.base_commit,
+            repo=repo,
+            **confinement(self.spec),
+        )
+        return saved.dump()
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
@@ -195,11 +155,10 @@ class WorktreeWorkspace:
         main = located.main()
         self.base_commit = head
         if self.continued is not None:
-            self.base_commit = await self._continued_base(main)
+            _, self.base_commit = await continued_start(main, self.branch, spec.branch_base)
         self.main_root, self._main = main.main_root, main
         await asyncio.to_thread(ensure_orch_dir, main.main_root)
-        include = spec.options.get("include") or []
-        patterns = [include] if isinstance(include, str) else list(include)
+        patterns = list(spec.include)
         path = orch_dir(main.main_root) / "worktrees" / spec.run_id
         # a worktree is a checkout of the base: what is hidden there is hidden here too
         self.hidden = hidden_rels(spec, [path, base_top, main.main_root])
@@ -213,22 +172,6 @@ class WorktreeWorkspace:
         if self._tree is None:
             raise OrchError(f"git worktree add left no admin dir for {path}; run again")
         await self._copy_includes(located, base_top, patterns)
-
-    async def _continued_base(self, main: RepoPaths) -> str:
-        """Check ``options["branch"]`` and return the commit its work is measured from."""
-        branch = self.branch
-        if not branch.startswith("orch/") or ".." in branch:
-            raise UsageError(f"can only continue an orch/* branch, not {branch!r}")
-        tip = await rev(f"refs/heads/{branch}", main)
-        if tip is None:
-            raise UsageError(f"branch {branch} does not exist; see `orch worktrees list`")
-        base = self.spec.options.get("base")
-        if not base:
-            return tip
-        commit = await rev(str(base), main)
-        if commit is None:
-            raise UsageError(f"base {base!r} for branch {branch} is not a commit")
-        return commit
 
     async def _add(self, main: RepoPaths, path: Path, reason: str) -> None:
         delay = 0.05
@@ -266,7 +209,7 @@ class WorktreeWorkspace:
         """The untracked files ``.worktreeinclude`` and ``patterns`` name, copied from the
         base's tree through safefs (:mod:`.includes`): no link followed, no store, nothing
         hidden."""
-        never = excluded_paths(self.spec.options)
+        never = excluded_paths(self.spec)
         files = await asyncio.to_thread(include_files, base_top, patterns, never)
         wanted = await untracked(base, sorted(files)) if files else []
         chosen = {rel: files[rel] for rel in wanted if hidden_reason(rel, self.hidden) is None}
@@ -295,12 +238,22 @@ class WorktreeWorkspace:
             outcome.description or self.spec.description, self.spec.run_id, outcome.status
         )
         self._artifacts = await settle(
-            self._main, self.root, self._tree, self.branch, self.base_commit,
-            ref_component(self.spec.agent), message, self.continued is not None,
-            commit_exclude(self.spec),
-        )  # fmt: skip
+            self._main,
+            self.root,
+            self._tree,
+            self.branch,
+            self.base_commit,
+            ref_component(self.spec.agent),
+            message,
+            self.continued is not None,
+            list(self.spec.commit_exclude),
+        )
         self._created = False
         self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
+
+
+class WorktreeState(BranchState, Confined):
+    isolation: Literal["worktree"] = "worktree"
 
 
 class WorktreeConfig(TierConfig):
@@ -317,10 +270,4 @@ class WorktreeConfig(TierConfig):
 
     def provision(self, spec: WorkspaceSpec) -> WorktreeWorkspace:
         os_sandbox_mode(spec)  # fails closed here when bwrap cannot run
-        return WorktreeWorkspace(continued(spec, self.branch, self.base))
-
-
-def continued(spec: WorkspaceSpec, branch: str | None, base: str | None) -> WorkspaceSpec:
-    """The spec with a branch to continue (and its base) in the options the tier reads."""
-    extra = {k: v for k, v in (("branch", branch), ("base", base)) if v}
-    return replace(spec, options={**spec.options, **extra}) if extra else spec
+        return WorktreeWorkspace(with_branch(spec, self.branch, self.base))

@@ -30,8 +30,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import OrchError
-from ..git import RepoPaths, first_line, git
+from ...errors import OrchError
+from ...git import RepoPaths, first_line, git
 
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 
@@ -110,17 +110,6 @@ class Staging:
 
 
 # -- in ---------------------------------------------------------------------------------
-
-
-async def untracked(repo: RepoPaths, rels: list[str]) -> list[str]:
-    """The paths of ``rels`` that git does not track in ``repo`` (includes are copies of
-    ignored or untracked files; tracked ones come with the bundle)."""
-    tracked: set[str] = set()
-    for i in range(0, len(rels), 200):
-        chunk = [f":(literal){r}" for r in rels[i : i + 200]]
-        listed = await git("ls-files", "-z", "--", *chunk, repo=repo, check=False)
-        tracked.update(p for p in listed.out.split("\0") if p)
-    return [r for r in rels if r not in tracked]
 
 
 _BUNDLES: dict[tuple[str, str], Path] = {}  # (common dir, commit) -> bundle file

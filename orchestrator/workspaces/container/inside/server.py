@@ -45,7 +45,7 @@ def _drain(pipe: IO[bytes], into: list[bytes]) -> None:
 
 def main() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
-    out.write(struct.pack(">I", 0) + b'{"hello": "orch-boxserve/1"}\n')  # boxchannel.HELLO
+    out.write(struct.pack(">I", 0) + b'{"hello": "orch-boxserve/1"}\n')  # channel.HELLO
     out.flush()
     while True:
         line = inp.readline(65536)
@@ -56,9 +56,13 @@ def main() -> None:
         env = dict(os.environ)
         env.update(req.get("env") or {})
         proc = subprocess.Popen(
-            req["argv"], cwd="/workspace", env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            req["argv"],
+            cwd="/workspace",
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         err = [b""]
         feeder = threading.Thread(target=_feed, args=(proc.stdin, body))

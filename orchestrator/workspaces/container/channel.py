@@ -1,4 +1,4 @@
-"""The host's side of a sandbox container's program server (:mod:`.boxserve`), and the
+"""The host's side of a sandbox container's program server (:mod:`.inside.server`), and the
 exec helpers it shares with :mod:`.dockerexec`.
 
 The server runs in one long-lived ``docker exec``; requests go down its stdin, answers
@@ -50,8 +50,12 @@ def recv_exact(sock: Any, n: int) -> bytes:
 def cgroup_procs(container_id: str) -> list[int] | None:
     """Host pids in the container's cgroup (v1 or v2, cgroupfs or systemd), None if unseen."""
     cg, cid = "/sys/fs/cgroup", container_id
-    for path in (f"{cg}/pids/docker/{cid}", f"{cg}/pids/system.slice/docker-{cid}.scope",
-                 f"{cg}/system.slice/docker-{cid}.scope", f"{cg}/docker/{cid}"):  # fmt: skip
+    for path in (
+        f"{cg}/pids/docker/{cid}",
+        f"{cg}/pids/system.slice/docker-{cid}.scope",
+        f"{cg}/system.slice/docker-{cid}.scope",
+        f"{cg}/docker/{cid}",
+    ):
         with contextlib.suppress(OSError, ValueError):
             return [int(pid) for pid in Path(path, "cgroup.procs").read_text().split()]
     return None
@@ -75,7 +79,7 @@ class Gone(Exception):
 
 
 class Server:
-    """The long-lived exec of :mod:`.boxserve`: program calls without an exec each. What
+    """The long-lived exec of :mod:`.inside.server`: program calls without an exec each. What
     it sends is the sandbox's: every length is capped before anything is read."""
 
     TRAILER_MAX = 2 * ERR_CAP + 4096  # the JSON escapes of 64 KiB of stderr fit
@@ -138,9 +142,14 @@ class Server:
         return line
 
     def call(
-        self, argv: list[str], stdin: bytes, env: dict[str, str], out_cap: int,
-        timeout_s: float, out_file: IO[bytes] | None,
-    ) -> CallResult:  # fmt: skip
+        self,
+        argv: list[str],
+        stdin: bytes,
+        env: dict[str, str],
+        out_cap: int,
+        timeout_s: float,
+        out_file: IO[bytes] | None,
+    ) -> CallResult:
         """Raises Gone (nothing to trust of what was read) or returns the call's result."""
         deadline = time.monotonic() + timeout_s
         request = json.dumps({"argv": argv, "env": env, "stdin": len(stdin)}).encode()
@@ -180,22 +189,29 @@ class Server:
 
 @functools.cache
 def _source() -> str:
-    """The text of :mod:`.boxserve`, run in the container as ``python3 -u -c``."""
-    from . import boxserve
+    """The text of :mod:`.inside.server`, run in the container as ``python3 -u -c``."""
+    from .inside import server
 
-    return Path(boxserve.__file__).read_text()
+    return Path(server.__file__).read_text()
 
 
 def start_server(
     client: Any, container_id: str, user: str, workdir: str, *, wait: bool = False
 ) -> Server | None:
-    """Start :mod:`.boxserve` in a long-lived exec of the container (blocking, a few ms:
+    """Start :mod:`.inside.server` in a long-lived exec of the container (blocking, a few ms:
     the engine starts the process meanwhile; with ``wait``, until it greeted, so that a
     first call finds it ready). None when it could not be started or did not greet."""
     api = client.api
     try:
-        made = api.exec_create(container_id, ["python3", "-u", "-c", _source()], stdin=True,
-                               stdout=True, stderr=True, workdir=workdir, user=user)  # fmt: skip
+        made = api.exec_create(
+            container_id,
+            ["python3", "-u", "-c", _source()],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            workdir=workdir,
+            user=user,
+        )
         server = Server(api, container_id, str(made["Id"]), api.exec_start(made["Id"], socket=True))
     except Exception:  # noqa: BLE001 - no server: calls use execs
         return None

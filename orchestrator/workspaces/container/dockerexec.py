@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from ..config import SandboxSettings
-from ..errors import OrchError
-from .base import MAX_CAPTURE, ProcessResult
-from .boxchannel import ERR_CAP, CallResult, Gone, Server, kill_exec_group, recv_exact, start_server
-from .pool import WORKSPACE, docker_errors
-from .worktree import await_shielded
+from ...config import SandboxSettings
+from ...errors import OrchError
+from ..base import MAX_CAPTURE, ProcessResult
+from ..lifetime import await_shielded
+from .channel import ERR_CAP, CallResult, Gone, Server, kill_exec_group, recv_exact, start_server
+from .docker import WORKSPACE, docker_errors
 
 T = TypeVar("T")
 KILL_GRACE_S = 5.0
@@ -71,9 +71,11 @@ class _Pump:
 def oom_kills(container_id: str) -> int | None:
     """The container's OOM-kill count from its memory cgroup (v1 or v2), None if unreadable."""
     cg = "/sys/fs/cgroup"
-    for path in (f"{cg}/memory/docker/{container_id}/memory.oom_control",
-                 f"{cg}/system.slice/docker-{container_id}.scope/memory.events",
-                 f"{cg}/docker/{container_id}/memory.events"):  # fmt: skip
+    for path in (
+        f"{cg}/memory/docker/{container_id}/memory.oom_control",
+        f"{cg}/system.slice/docker-{container_id}.scope/memory.events",
+        f"{cg}/docker/{container_id}/memory.events",
+    ):
         with contextlib.suppress(OSError, ValueError):
             for line in Path(path).read_text().splitlines():
                 name, _, value = line.partition(" ")
@@ -105,7 +107,7 @@ class Sandbox:
         self.server: Server | None = None
 
     def start_server(self) -> None:
-        """Start the container's program server (:mod:`.boxserve`; a few ms, it greets
+        """Start the container's program server (:mod:`.inside.server`; a few ms, it greets
         later). Calls with ``via_server=True`` go through it while it answers; without
         python3 in the image they use execs."""
         self.server = start_server(self.client, self.container_id, self.user, WORKSPACE)
@@ -129,13 +131,22 @@ class Sandbox:
         if self.dead:
             raise OrchError(self.dead)
         cid, api = self.container_id, self.client.api
-        extra = {k: v for k, v in env.items()
-                 if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")}  # fmt: skip
+        extra = {
+            k: v
+            for k, v in env.items()
+            if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")
+        }
         oom_before = oom_kills(cid)
         made = await self._api(
-            api.exec_create, cid, [self.cfg.shell, "-c", command], stdout=True, stderr=True,
-            workdir=WORKSPACE, user=self.user, environment=extra,
-        )  # fmt: skip
+            api.exec_create,
+            cid,
+            [self.cfg.shell, "-c", command],
+            stdout=True,
+            stderr=True,
+            workdir=WORKSPACE,
+            user=self.user,
+            environment=extra,
+        )
         pump = _Pump(api, str(made["Id"]), asyncio.get_running_loop())
         timed_out = False
         try:
@@ -189,10 +200,16 @@ class Sandbox:
     # -- programs with stdin and a capped stdout -----------------------------------------
 
     async def call(
-        self, argv: Sequence[str], stdin: bytes | Path = b"", *, out_cap: int, timeout_s: float,
-        env: Mapping[str, str] | None = None, out_file: IO[bytes] | None = None,
+        self,
+        argv: Sequence[str],
+        stdin: bytes | Path = b"",
+        *,
+        out_cap: int,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        out_file: IO[bytes] | None = None,
         via_server: bool = False,
-    ) -> CallResult:  # fmt: skip
+    ) -> CallResult:
         """Run ``argv`` in ``/workspace`` with ``stdin`` (bytes, or a host file orch owns,
         streamed); stdout kept (or written to
         ``out_file``) up to ``out_cap`` bytes, stderr up to 64 KiB. Past the cap or the
@@ -204,9 +221,17 @@ class Sandbox:
         server = self.server if via_server else None
         if server is not None and isinstance(stdin, bytes):
             try:
-                got = await await_shielded(asyncio.to_thread(
-                    server.call, list(argv), stdin, dict(env or {}), out_cap, timeout_s, out_file
-                ))  # fmt: skip
+                got = await await_shielded(
+                    asyncio.to_thread(
+                        server.call,
+                        list(argv),
+                        stdin,
+                        dict(env or {}),
+                        out_cap,
+                        timeout_s,
+                        out_file,
+                    )
+                )
                 if got.overflow or got.timed_out:
                     self.server = None  # killed with its program: the next call by an exec
                 return got
@@ -219,18 +244,31 @@ class Sandbox:
         return await await_shielded(
             asyncio.to_thread(
                 self._call_sync, list(argv), stdin, out_cap, timeout_s, dict(env or {}), out_file
-            )  # fmt: skip
+            )
         )
 
     def _call_sync(
-        self, argv: list[str], stdin: bytes | Path, out_cap: int, timeout_s: float,
-        env: dict[str, str], out_file: IO[bytes] | None,
-    ) -> CallResult:  # fmt: skip
+        self,
+        argv: list[str],
+        stdin: bytes | Path,
+        out_cap: int,
+        timeout_s: float,
+        env: dict[str, str],
+        out_file: IO[bytes] | None,
+    ) -> CallResult:
         api, cid = self.client.api, self.container_id
         deadline = time.monotonic() + timeout_s
         with docker_errors(self.cfg.image):
-            made = api.exec_create(cid, argv, stdin=True, stdout=True, stderr=True,
-                                   workdir=WORKSPACE, user=self.user, environment=env)  # fmt: skip
+            made = api.exec_create(
+                cid,
+                argv,
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                workdir=WORKSPACE,
+                user=self.user,
+                environment=env,
+            )
             exec_id = str(made["Id"])
             wrapped = api.exec_start(exec_id, socket=True)
         sock = getattr(wrapped, "_sock", wrapped)

@@ -1,10 +1,10 @@
 """The container tier's :class:`~.base.Runtime`: every tool runs inside the sandbox.
 
 ``bash`` is a ``docker exec`` of the shell; ``read_file``, ``write_file``, ``glob`` and
-``grep`` run :mod:`.inbox` (stdlib-only Python) in the container (started by the
-container's long-lived :mod:`.boxserve` exec, or by an exec of its own when that one is
+``grep`` run :mod:`.inside.files` (stdlib-only Python) in the container (started by the
+container's long-lived :mod:`.inside.server` exec, or by an exec of its own when that one is
 gone) with one JSON request on its stdin and take one JSON reply plus raw bytes from its
-stdout (the protocol and the path rule are in ``inbox``'s docstring). Caps are enforced
+stdout (the protocol and the path rule are in ``inside.files``'s docstring). Caps are enforced
 inside (bytes read, walk entries, reply size) and again here: the host reads at most the
 reply cap of a call and kills the call past it. The host never opens a path in the container's tree.
 """
@@ -16,21 +16,21 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import OrchError
-from ..safefs import UnsafePath
-from . import inbox
-from .base import FileRead, ProcessResult
+from ...errors import OrchError
+from ...safefs import UnsafePath
+from ..base import FileRead, ProcessResult
 from .dockerexec import Sandbox
+from .inside import files as files_program
 
 CALL_TIMEOUT_S = 120.0
 HEADER_MAX = 64 * 1024
 _SOURCE: list[str] = []
 
 
-def inbox_source() -> str:
-    """The text of :mod:`.inbox`, run in the container as ``python3 -c``."""
+def files_source() -> str:
+    """The text of :mod:`.inside.files`, run in the container as ``python3 -c``."""
     if not _SOURCE:
-        _SOURCE.append(Path(inbox.__file__).read_text())
+        _SOURCE.append(Path(files_program.__file__).read_text())
     return _SOURCE[0]
 
 
@@ -62,7 +62,7 @@ def _raise(reply: dict[str, Any]) -> None:
 class ContainerRuntime:
     """Runtime of a container workspace; ``root`` is ``/workspace`` (what the model sees);
     ``hidden``: the workspace-relative paths the tools refuse (``hiding.hidden_rels``),
-    sent with every request and enforced by :mod:`.inbox` inside."""
+    sent with every request and enforced by :mod:`.inside.files` inside."""
 
     def __init__(
         self,
@@ -87,9 +87,12 @@ class ContainerRuntime:
         head = json.dumps({**request, "hidden": list(self.hidden), "size": len(data)})
         head += "\n"
         got = await self.box.call(
-            ["python3", "-c", inbox_source()], head.encode() + data,
-            out_cap=reply_cap + HEADER_MAX, timeout_s=CALL_TIMEOUT_S, via_server=True,
-        )  # fmt: skip
+            ["python3", "-c", files_source()],
+            head.encode() + data,
+            out_cap=reply_cap + HEADER_MAX,
+            timeout_s=CALL_TIMEOUT_S,
+            via_server=True,
+        )
         if got.overflow:
             raise OrchError("the sandbox's file runtime answered more than its cap; refused")
         if got.timed_out:
@@ -113,7 +116,7 @@ class ContainerRuntime:
 
     async def glob(self, pattern: str, *, limit: int) -> tuple[list[str], bool]:
         _, body = await self.call(
-            {"op": "glob", "pattern": pattern, "limit": limit}, reply_cap=inbox.MAX_REPLY
+            {"op": "glob", "pattern": pattern, "limit": limit}, reply_cap=files_program.MAX_REPLY
         )
         found = json.loads(body)
         return [str(p) for p in found["files"]][:limit], bool(found["more"])
@@ -122,10 +125,12 @@ class ContainerRuntime:
         self, pattern: str, *, path: str | None, glob: str | None, limit: int
     ) -> list[str]:
         request = {"op": "grep", "pattern": pattern, "path": path, "glob": glob, "limit": limit}
-        _, body = await self.call(request, reply_cap=inbox.MAX_REPLY + 4096)
+        _, body = await self.call(request, reply_cap=files_program.MAX_REPLY + 4096)
         return [str(h) for h in json.loads(body)["hits"]][:limit]
 
     async def prune(self, files: dict[str, str]) -> list[str]:
         """Delete the include copies whose content is unchanged (sha256 given)."""
-        _, body = await self.call({"op": "prune", "files": files}, reply_cap=inbox.MAX_REPLY)
+        _, body = await self.call(
+            {"op": "prune", "files": files}, reply_cap=files_program.MAX_REPLY
+        )
         return [str(p) for p in json.loads(body)["removed"]]

@@ -15,7 +15,7 @@ sandbox can write.
   tars it with the ``.worktreeinclude`` files read from the *user's* tree by safefs,
   and streams the archive on the stdin of one docker exec that unpacks it and clones it
   into ``/workspace`` on branch ``orch/<agent>/<id>``.
-- **Tools** run inside (:mod:`.boxruntime`, :mod:`.inbox`); ``bash`` is a docker exec.
+- **Tools** run inside (:mod:`.runtime`, :mod:`.inside.files`); ``bash`` is a docker exec.
 - **Out**: at close (also on cancel: shielded) git in the container commits every change
   as ``orch <agent> <orch@localhost>`` with ``orch-run``/``orch-status`` trailers and
   streams ``git bundle create - HEAD ^<start>`` over docker exec into a host temp file
@@ -28,7 +28,7 @@ sandbox can write.
   ``refs/orch/checkpoints/<child run id>``, and the child starts from that commit.
 - **Crash**: when orch dies before the close, reconcile salvages the work while the
   container lives: the same export, with the repository, branch and starting commit
-  taken from the run record (:mod:`.boxout`); then the container is removed.
+  taken from the run record (:mod:`.export`); then the container is removed.
 - **Limits**: ``sandbox.max_per_chain`` live containers per chain (a run beyond it is
   refused, naming the setting); reads capped inside; the bundle capped on the host.
 """
@@ -37,129 +37,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal
 
-from ..errors import OrchError, UsageError
-from ..git import git
-from ..repo import diff_stats, locate, rev
-from ..statedir import sign
-from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
-from .boxout import checkpoint_resource, export_work, land
-from .boxruntime import ContainerRuntime
-from .dockerexec import Sandbox
-from .hiding import hidden_reason, hidden_rels, mirrored
-from .includes import excluded_paths, include_files
-from .pool import (
-    MANAGED,
-    OWNER_UID,
+from ...errors import OrchError, UsageError
+from ...git import git
+from ...repo import locate, rev
+from ...statedir import sign
+from ..base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
+from ..branch import branch_name, continued_start, with_branch
+from ..hiding import hidden_reason, hidden_rels, mirrored
+from ..includes import excluded_paths, include_files, untracked
+from ..lifetime import Shielded
+from ..settle import branch_artifacts, commit_message
+from .docker import (
     TOKEN,
     WORKSPACE,
-    claim_warm,
     create_container,
     docker_client,
-    docker_errors,
     owner_labels,
-    process_start,
     remove_by_id,
     resource_ref,
-    sandbox_settings,
     sandbox_user,
     start_container,
 )
-from .settle import commit_exclude, commit_message
-from .transfer import (
-    NEEDS,
-    SETUP,
-    Staging,
-    base_bundle,
-    bundle_ref,
-    untracked,
-    write_archive,
-)
-from .worktree import await_shielded, branch_name, continued
+from .dockerexec import Sandbox
+from .export import ContainerState, checkpoint_resource, export_work, land
+from .pool import claim_warm
+from .runtime import ContainerRuntime
+from .transfer import NEEDS, SETUP, Staging, base_bundle, bundle_ref, write_archive
 
-__all__ = ["ContainerWorkspace", "docker_client", "reap_by_label", "remove_container"]
-
-_LIVE: dict[str, ContainerWorkspace] = {}  # open container workspaces of this process, by run
-_PER_CHAIN: dict[str, int] = {}
-
-
-# -- removal and reaping (sync: reconcile and the CLI call these) ------------------------
-
-
-def remove_container(container_id: str) -> None:
-    """Remove a container (running or not) and its workspace volume: crash reconcile."""
-    client = docker_client()
-    try:
-        remove_by_id(client, container_id)
-    finally:
-        client.close()
-
-
-def _owner_alive(labels: Mapping[str, str]) -> bool:
-    try:
-        pid = int(labels.get("orch.owner_pid", ""))
-    except ValueError:
-        return False
-    started = process_start(pid)
-    recorded = labels.get("orch.owner_start", "")
-    return started is not None and (not recorded or recorded == str(started))
-
-
-def list_containers(client: Any) -> list[dict[str, Any]]:
-    """Every orch container (found by label), with its labels and whether its owner lives."""
-    with docker_errors():
-        found = client.api.containers(all=True, filters={"label": f"{MANAGED}=true"})
-    return [{"id": c["Id"], "image": c.get("Image", ""), "state": c.get("State", ""),
-             "status": c.get("Status", ""), "labels": c.get("Labels") or {},
-             "owner_alive": _owner_alive(c.get("Labels") or {})} for c in found]  # fmt: skip
-
-
-def reap_by_label(run_ids: set[str] | None = None) -> list[str]:
-    """Remove orch containers whose owner process is dead (of ``run_ids`` only, if given)."""
-    client = docker_client()
-    removed: list[str] = []
-    try:
-        for c in list_containers(client):
-            labels = c["labels"]
-            if labels.get(OWNER_UID, str(os.getuid())) != str(os.getuid()):
-                continue  # another user's (an older orch set no uid: its TTL ends it)
-            if c["owner_alive"] or (
-                run_ids is not None and labels.get("orch.run_id") not in run_ids
-            ):
-                continue
-            remove_by_id(client, c["id"])
-            removed.append(c["id"])
-    finally:
-        client.close()
-    return removed
-
-
-# -- the workspace ----------------------------------------------------------------------
-
-
+_PER_CHAIN: dict[str, int] = {}  # live container workspaces of this process, by chain
 FILL_IN_MEMORY = 64 * 1024 * 1024  # archives up to this go through the program server
 
 
-class ContainerWorkspace:
+class ContainerWorkspace(Shielded):
     isolation = "container"
 
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
-        self.cfg = sandbox_settings(spec.options)
+        self.cfg = spec.sandbox
         self.root: Path = spec.base.resolve()  # on the host: the user's main checkout
-        cont = spec.options.get("branch")
-        self.continued: str | None = str(cont) if cont else None
+        self.continued: str | None = spec.branch or None
         self.branch = self.continued or branch_name(spec.agent, spec.run_id)
         self.start = ""  # the commit the container starts from
         self.base_commit = ""  # the commit the artifact is measured from
         self.main: Any = None  # RepoPaths of the user's repository
         self.container_id = ""
-        self._ref = ""  # the registered resource: id and token (pool.resource_ref)
+        self._ref = ""  # the registered resource: id and token (docker.resource_ref)
         self.pooled = False
         self.uid = self.gid = 0
         self.box: Sandbox | None = None
@@ -167,34 +93,26 @@ class ContainerWorkspace:
         self._registered = False
         self._counted = False
         self._ready = False  # the tree is set up inside: there may be work to export
-        self._open = False
+        self.live = False  # open: it may run commands; a child may start from it
         self._checkpoint_ref = ""
         self._digests: dict[str, str] = {}
         self._lock = asyncio.Lock()  # one commit + export at a time
         self._outcome: RunOutcome | None = None
         self._artifacts: list[dict[str, Any]] = []
 
-    async def __aenter__(self) -> Self:
-        try:
-            await await_shielded(self._start())
-        except BaseException:
-            await await_shielded(self._close(None))
-            raise
-        return self
+    async def _open(self) -> None:
+        await self._start()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        outcome = RunOutcome.at_exit(self._outcome, exc_type, self.spec.description)
-        await await_shielded(self._close(outcome))
+    async def _undo(self) -> None:
+        await self._close(None)
+
+    async def _shut(self, exc_type: type[BaseException] | None) -> None:
+        await self._close(RunOutcome.at_exit(self._outcome, exc_type, self.spec.description))
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
     ) -> ProcessResult:
-        if not self._open or self.box is None:  # never run anywhere else by mistake
+        if not self.live or self.box is None:  # never run anywhere else by mistake
             raise OrchError("the container workspace is not open; use it inside `async with`")
         return await self.box.run(command, timeout_s, env)
 
@@ -206,12 +124,20 @@ class ContainerWorkspace:
 
     def info(self) -> dict[str, Any]:
         repo = str(self.main.main_root) if self.main else None
-        # start / continued / bundle_max_bytes: what a salvage after a crash needs (boxout)
-        return {"isolation": self.isolation, "root": WORKSPACE, "branch": self.branch,
-                "base": self.base_commit, "start": self.start, "repo": repo,
-                "continued": self.continued is not None, "container": self.container_id[:12],
-                "image": self.cfg.image, "user": f"{self.uid}:{self.gid}",
-                "pooled": self.pooled, "bundle_max_bytes": self.cfg.bundle_max_bytes}  # fmt: skip
+        saved = ContainerState(
+            root=WORKSPACE,
+            branch=self.branch,
+            base=self.base_commit,
+            start=self.start,
+            repo=repo,
+            continued=self.continued is not None,
+            container=self.container_id[:12],
+            image=self.cfg.image,
+            user=f"{self.uid}:{self.gid}",
+            pooled=self.pooled,
+            bundle_max_bytes=self.cfg.bundle_max_bytes,
+        )
+        return saved.dump()
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
@@ -272,31 +198,27 @@ class ContainerWorkspace:
         if self.box.server is None:  # it starts (and greets) during the model's first turn
             await asyncio.to_thread(self.box.start_server)
         self._ready = True
-        self._open = True
-        _LIVE[spec.run_id] = self
+        self.live = True
 
     async def _choose_start(self, located: Any) -> None:
         main = self.main
-        parent = _LIVE.get(str(self.spec.options.get("parent_run_id") or ""))
+        parent = self.spec.parent
         if self.continued is not None:
-            if not self.branch.startswith("orch/") or ".." in self.branch:
-                raise UsageError(f"can only continue an orch/* branch, not {self.branch!r}")
-            tip = await rev(f"refs/heads/{self.branch}", main)
-            if tip is None:
-                raise UsageError(f"branch {self.branch} does not exist; see `orch worktrees list`")
-            self.start = tip
-            base = self.spec.options.get("base")
-            found = await rev(str(base), main) if base else tip
-            if found is None:
-                raise UsageError(f"base {base!r} for branch {self.branch} is not a commit")
-            self.base_commit = found
+            self.start, self.base_commit = await continued_start(
+                main, self.branch, self.spec.branch_base
+            )
             return
         if await rev(f"refs/heads/{self.branch}", main):
             raise OrchError(
                 f"branch {self.branch} already exists; merge or delete it "
                 "(orch worktrees prune) and run again"
             )
-        if parent is not None and parent.main is not None and parent.root == main.main_root:
+        if (
+            isinstance(parent, ContainerWorkspace)
+            and parent.live
+            and parent.main is not None
+            and parent.root == main.main_root
+        ):
             self._checkpoint_ref = f"refs/orch/checkpoints/{self.spec.run_id}"
             self.spec.sink.register_resource(  # a crash leaves it to reconcile
                 self.spec.run_id, "checkpoint", checkpoint_resource(self._checkpoint_ref, self.root)
@@ -316,9 +238,8 @@ class ContainerWorkspace:
         staging = await asyncio.to_thread(Staging)
         try:
             bundle = await base_bundle(self.main, self.start)
-            include = self.spec.options.get("include") or []
-            patterns = [include] if isinstance(include, str) else list(include)
-            never = excluded_paths(self.spec.options)
+            patterns = list(self.spec.include)
+            never = excluded_paths(self.spec)
             tree = self.main.main_root
             files = await asyncio.to_thread(include_files, tree, patterns, never)
             keep = await untracked(self.main, sorted(files)) if files else []
@@ -366,9 +287,16 @@ class ContainerWorkspace:
         """Commit inside and bring the work out in the same exec: the new tip, or None."""
         assert self.box is not None and self.main is not None
         async with self._lock:
-            return await export_work(self.box, self.main, self.start, self.spec.agent, message,
-                                     cap=self.cfg.bundle_max_bytes, exported=exported,
-                                     exclude=commit_exclude(self.spec))  # fmt: skip
+            return await export_work(
+                self.box,
+                self.main,
+                self.start,
+                self.spec.agent,
+                message,
+                cap=self.cfg.bundle_max_bytes,
+                exported=exported,
+                exclude=list(self.spec.commit_exclude),
+            )
 
     async def checkpoint(self, ref: str, child_run_id: str) -> str:
         """Commit this run's work so far and bring it out into ``ref``: a nested child's
@@ -398,40 +326,21 @@ class ContainerWorkspace:
         if tip is not None:  # moved meanwhile, or rewritten: on <branch>-head, both kept
             branch = await land(self.main, self.branch, tip, self.continued is not None)
             known = {branch: tip}
-        self._artifacts = await self._artifacts_of([self.branch, branch], known)
-
-    async def _artifacts_of(
-        self, branches: list[str], known: dict[str, str]
-    ) -> list[dict[str, Any]]:
-        """Branch artifacts (measured from the base) of the branches with work on them."""
-        out: list[dict[str, Any]] = []
-        for name in dict.fromkeys(branches):
-            commit = known.get(name) or await rev(f"refs/heads/{name}", self.main)
-            if commit is None:
-                continue
-            if name not in known or self.base_commit != self.start:
-                ahead = await git("rev-list", "--count", f"{self.base_commit}..{commit}",
-                                  repo=self.main)  # fmt: skip
-                if int(ahead.out.strip() or 0) == 0:
-                    continue
-            files, ins, dels = await diff_stats(self.main, self.base_commit, commit)
-            out.append({"kind": "branch", "branch": name, "base": self.base_commit,
-                        "commit": commit, "files_changed": files, "insertions": ins,
-                        "deletions": dels})  # fmt: skip
-        return out
+        self._artifacts = await branch_artifacts(
+            self.main, [self.branch, branch], known, self.base_commit, self.start
+        )
 
     # -- closing ------------------------------------------------------------------------
 
     async def _close(self, outcome: RunOutcome | None) -> None:
-        self._open = False
-        _LIVE.pop(self.spec.run_id, None)
+        self.live = False
         failure: OrchError | None = None
         removal: list[asyncio.Future[dict[str, str]]] = []
 
         def remove() -> None:  # once the work is out: the host imports it meanwhile
             if not removal and self.container_id and self._client is not None:
-                removal.append(asyncio.ensure_future(
-                    asyncio.to_thread(remove_by_id, self._client, self.container_id)))  # fmt: skip
+                gone = asyncio.to_thread(remove_by_id, self._client, self.container_id)
+                removal.append(asyncio.ensure_future(gone))
 
         try:
             if self._ready and outcome is not None and self.box is not None:
@@ -490,4 +399,4 @@ class ContainerConfig(TierConfig):
     needs_git: ClassVar[bool] = True
 
     def provision(self, spec: WorkspaceSpec) -> ContainerWorkspace:
-        return ContainerWorkspace(continued(spec, self.branch, self.base))
+        return ContainerWorkspace(with_branch(spec, self.branch, self.base))

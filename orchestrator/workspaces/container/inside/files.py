@@ -187,23 +187,25 @@ def _pattern_parts(pattern: str) -> tuple[str, ...]:
 
 
 def _match(pat: tuple[str, ...], names: tuple[str, ...]) -> bool:
-    memo: dict[tuple[int, int], bool] = {}
+    """Whether path components ``names`` match glob components ``pat`` (``**``: any number
+    of components; a trailing one, at least one): the host's rule (``safeglob``), computed
+    here bottom-up, one pattern component at a time from the last."""
     n = len(names)
-
-    def go(i: int, j: int) -> bool:
-        if (i, j) not in memo:
-            if i == len(pat):
-                ok = j == n
-            elif pat[i] == "**" and i == len(pat) - 1:
-                ok = j < n
-            elif pat[i] == "**":
-                ok = any(go(i + 1, k) for k in range(j, n))
-            else:
-                ok = j < n and fnmatch.fnmatchcase(names[j], pat[i]) and go(i + 1, j + 1)
-            memo[i, j] = ok
-        return memo[i, j]
-
-    return go(0, 0)
+    rest = [j == n for j in range(n + 1)]  # rest[j]: the pattern's tail matches names[j:]
+    for i in range(len(pat) - 1, -1, -1):
+        if pat[i] == "**" and i == len(pat) - 1:
+            rest = [j < n for j in range(n + 1)]
+        elif pat[i] == "**":
+            below = [False] * (n + 1)
+            for j in range(n - 1, -1, -1):
+                below[j] = rest[j] or below[j + 1]
+            rest = below
+        else:
+            one = [False] * (n + 1)
+            for j in range(n):
+                one[j] = rest[j + 1] and fnmatch.fnmatchcase(names[j], pat[i])
+            rest = one
+    return rest[0]
 
 
 def _walk(top: str, prefix: str, budget: list[int], depth: int) -> Any:
@@ -334,8 +336,13 @@ def handle(request: dict[str, Any], data: bytes, root: str = ROOT) -> tuple[dict
             found, more = glob(request["pattern"], int(request["limit"]), root)
             body = json.dumps({"files": found, "more": more}).encode()
         elif op == "grep":
-            hits = grep(request["pattern"], request.get("path"), request.get("glob"),
-                        int(request["limit"]), root)  # fmt: skip
+            hits = grep(
+                request["pattern"],
+                request.get("path"),
+                request.get("glob"),
+                int(request["limit"]),
+                root,
+            )
             body = json.dumps({"hits": hits}).encode()
         elif op == "prune":
             body = json.dumps({"removed": prune(dict(request["files"]), root)}).encode()

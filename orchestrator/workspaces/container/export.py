@@ -34,21 +34,24 @@ import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
-from ..errors import OrchError, UsageError
-from ..git import RepoPaths, git
-from ..repo import discover, is_ancestor, rev
-from .base import process_start
+from pydantic import ValidationError
+
+from ...config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
+from ...errors import OrchError, UsageError
+from ...git import RepoPaths, git
+from ...repo import discover, is_ancestor, rev
+from ..base import process_start
+from ..branch import ref_component
+from ..saved import BranchState
+from ..settle import commit_env, commit_message
+from .docker import MANAGED, OWNER_UID, TOKEN, docker_client, docker_errors, remove_by_id
 from .dockerexec import Sandbox
-from .pool import MANAGED, OWNER_UID, TOKEN, docker_client, docker_errors, remove_by_id
-from .settle import commit_env, commit_message
 from .transfer import EXPORT, ahead_of, unpack
-from .worktree import ref_component
 
 if TYPE_CHECKING:
-    from ..run import RunRecord
+    from ...run import RunRecord
 
 EXPORT_TIMEOUT_S = 600.0  # a close
 SALVAGE_TIMEOUT_S = 120.0  # a salvage runs inside some `orch` command: bounded tighter
@@ -62,22 +65,38 @@ _ID = re.compile(r"^[0-9a-f]{64}$")
 
 
 async def export_work(
-    box: Sandbox, main: RepoPaths, start: str, agent: str, message: str, *,
-    cap: int, timeout_s: float = EXPORT_TIMEOUT_S, exported: Callable[[], None] | None = None,
+    box: Sandbox,
+    main: RepoPaths,
+    start: str,
+    agent: str,
+    message: str,
+    *,
+    cap: int,
+    timeout_s: float = EXPORT_TIMEOUT_S,
+    exported: Callable[[], None] | None = None,
     exclude: Sequence[str] = DEFAULT_COMMIT_EXCLUDE,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Commit inside (but untracked files matching ``exclude``) and bring the work out in
     the same exec; unpack it into ``main``. Returns the new tip, None when HEAD is not past
     ``start``. ``exported`` is called once the container is no longer needed (the bundle
     is on the host, or there is no work): the close removes the container meanwhile."""
-    env = {**commit_env(ref_component(agent)), "START": start,
-           "ORCH_EXCLUDE": "".join(f"{p}\n" for p in exclude)}  # fmt: skip
+    env = {
+        **commit_env(ref_component(agent)),
+        "START": start,
+        "ORCH_EXCLUDE": "".join(f"{p}\n" for p in exclude),
+    }
     with tempfile.TemporaryDirectory(prefix="orch-out-") as tmp:
         path = Path(tmp) / "out.bundle"
         with path.open("wb") as f:
-            got = await box.call(["bash", "-c", EXPORT], message.encode(), env=env,
-                                 out_cap=cap, timeout_s=timeout_s, out_file=f,
-                                 via_server=True)  # fmt: skip
+            got = await box.call(
+                ["bash", "-c", EXPORT],
+                message.encode(),
+                env=env,
+                out_cap=cap,
+                timeout_s=timeout_s,
+                out_file=f,
+                via_server=True,
+            )
         if got.overflow:
             raise OrchError(
                 f"the sandbox's work is over sandbox.bundle_max_bytes ({cap:,} bytes); "
@@ -140,7 +159,7 @@ def reap_resource(record: RunRecord | None, kind: str, ref: str) -> list[str]:
 
 def _proof(found: dict[str, Any] | None, container_id: str, token: str) -> str:
     """Why the container is not provably the one the run made ('' when it is): the exact
-    id, orch's label, this uid, and the token recorded with the resource (``pool.py``)."""
+    id, orch's label, this uid, and the token recorded with the resource (``docker.py``)."""
     if found is None:
         return ""  # gone: nothing to act on
     labels = (found.get("Config") or {}).get("Labels") or {}
@@ -159,8 +178,7 @@ async def salvage_container(record: RunRecord | None, ref: str) -> list[str]:
     try:
         client = await asyncio.to_thread(docker_client)
     except OrchError as e:
-        return [f"could not reach container {short} to keep its work ({e}); "
-                "its TTL still ends it"]  # fmt: skip
+        return [f"could not reach container {short} to keep its work ({e}); its TTL still ends it"]
     try:
         found = await asyncio.to_thread(_inspect, client, container_id)
     except OrchError as e:
@@ -173,8 +191,9 @@ async def salvage_container(record: RunRecord | None, ref: str) -> list[str]:
 
     def remove() -> None:  # once the work is out (or cannot be): meanwhile the host imports it
         if not removal:
-            removal.append(asyncio.ensure_future(
-                asyncio.to_thread(remove_by_id, client, container_id)))  # fmt: skip
+            removal.append(
+                asyncio.ensure_future(asyncio.to_thread(remove_by_id, client, container_id))
+            )
 
     try:
         kept, why = "", ""
@@ -185,8 +204,10 @@ async def salvage_container(record: RunRecord | None, ref: str) -> list[str]:
         except OrchError as e:
             why = str(e)
         if why and not removal:
-            return [f"could not keep the work in container {short}: {why}; left it "
-                    "running until its TTL (`orch sandbox ps`)"]  # fmt: skip
+            return [
+                f"could not keep the work in container {short}: {why}; left it "
+                "running until its TTL (`orch sandbox ps`)"
+            ]
         remove()
         try:
             await removal[0]
@@ -196,26 +217,53 @@ async def salvage_container(record: RunRecord | None, ref: str) -> list[str]:
         if kept:
             return [kept, removed]
         if why:  # the bundle was out, its import failed
-            return [f"could not keep the work in container {short}: {why}",
-                    f"{removed} (the work in it is lost)"]  # fmt: skip
+            return [
+                f"could not keep the work in container {short}: {why}",
+                f"{removed} (the work in it is lost)",
+            ]
         return [f"{removed} (it held no new work)"]
     finally:
         client.close()
 
 
-def _where(record: RunRecord | None, container_id: str) -> tuple[dict[str, Any], str, str]:
-    """The run record's workspace (written by the owner), checked: (info, user, branch)."""
-    ws = record.workspace if record is not None else {}
-    if ws.get("isolation") != "container" or not ws.get("repo"):
+class ContainerState(BranchState):
+    """What a container run saves (its ``info()``), with what a salvage after a crash
+    needs: the starting commit, the container, the sandbox user and the bundle cap."""
+
+    isolation: Literal["container"] = "container"
+    start: str = ""  # the commit the container started from
+    continued: bool = False  # the branch was continued (it is never deleted)
+    container: str = ""  # the container id's first 12 characters
+    image: str = ""
+    user: str = ""  # "uid:gid"
+    pooled: bool = False
+    bundle_max_bytes: int | None = None
+
+
+def _saved(record: RunRecord | None) -> ContainerState | None:
+    """The run record's workspace as the container tier saved it, if it did."""
+    data = record.workspace if record is not None else {}
+    if data.get("isolation") != "container":
+        return None
+    try:
+        return ContainerState.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _where(record: RunRecord | None, container_id: str) -> tuple[ContainerState, str, str]:
+    """The run record's workspace (written by the owner), checked: (saved, user, branch)."""
+    ws = _saved(record)
+    if not isinstance(ws, ContainerState) or not ws.repo:
         raise OrchError("its run had not opened its workspace (no work to keep)")
-    if not container_id.startswith(str(ws.get("container") or "-")):
+    if not container_id.startswith(ws.container or "-"):
         raise OrchError("the run record names another container")
-    if not _SHA.match(str(ws.get("start") or "")):
+    if not _SHA.match(ws.start):
         raise OrchError("the run record has no starting commit")
-    branch = str(ws.get("branch") or "")
+    branch = ws.branch
     if not branch.startswith("orch/") or ".." in branch:
         raise OrchError(f"the run record's branch {branch!r} is not an orch branch")
-    user = _USER.match(str(ws.get("user") or ""))
+    user = _USER.match(ws.user)
     if user is None or int(user.group(1)) == 0:
         raise OrchError("the run record has no sandbox user")
     return ws, user.group(0), branch
@@ -243,7 +291,7 @@ async def _export_from(
         raise _Gone
     if not (state.get("State") or {}).get("Running"):
         raise OrchError("it is not running any more")
-    repo = Path(str(ws["repo"]))
+    repo = Path(str(ws.repo))
     try:
         main = (await discover(repo)).main()
     except UsageError:
@@ -251,17 +299,23 @@ async def _export_from(
     if main.main_root != repo:
         raise OrchError(f"the run record's repository {repo} is not a main checkout")
     defaults = SandboxSettings()
-    cfg = SandboxSettings(image=str(ws.get("image") or defaults.image),
-                          bundle_max_bytes=int(ws.get("bundle_max_bytes")
-                                               or defaults.bundle_max_bytes))  # fmt: skip
+    cap = ws.bundle_max_bytes or defaults.bundle_max_bytes
+    cfg = SandboxSettings(image=ws.image or defaults.image, bundle_max_bytes=cap)
     box = Sandbox(client, container_id, cfg, user)
     message = commit_message(record.description, record.run_id, "interrupted")
-    tip = await export_work(box, main, str(ws["start"]), record.agent, message,
-                            cap=cfg.bundle_max_bytes, timeout_s=SALVAGE_TIMEOUT_S,
-                            exported=exported)  # fmt: skip
+    tip = await export_work(
+        box,
+        main,
+        ws.start,
+        record.agent,
+        message,
+        cap=cfg.bundle_max_bytes,
+        timeout_s=SALVAGE_TIMEOUT_S,
+        exported=exported,
+    )
     if tip is None:
         return ""
-    kept = await land(main, branch, tip, bool(ws.get("continued")))
+    kept = await land(main, branch, tip, ws.continued)
     return f"kept work on branch {kept} at {tip}"
 
 

@@ -1,0 +1,176 @@
+"""The warm pool of started containers.
+
+A sandbox container shares no host directory: its ``/workspace`` is a tmpfs of its own,
+filled with data (a git bundle, ``.worktreeinclude`` copies) when a run
+claims it (``workspace.py``). So a container can be started before its run is known:
+:class:`ContainerPool` keeps ``pool_size`` of them started, and a ``ContainerWorkspace``
+opened while the pool is open claims one in milliseconds instead of starting one
+(``async with ContainerPool(repo, settings):``). Pooled containers carry
+``orch.pool=true`` and an empty ``orch.run_id`` (labels are fixed at creation); a claim
+registers the container with its run. Unclaimed containers are removed when the pool
+closes; if orch dies they go at their TTL or with ``orch sandbox prune`` (their owner pid
+is dead). The engine helpers are in ``docker.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...config import SandboxSettings
+from ...errors import OrchError, UsageError
+from ..lifetime import Shielded, await_shielded
+from . import docker as engine
+from .channel import Server, start_server
+
+REFILL_DELAY_S = 0.25
+
+
+@dataclass
+class Warm:
+    """A started container with an empty ``/workspace`` (its own anonymous volume), and
+    its program server, greeted, when it started."""
+
+    container_id: str
+    created: float = field(default_factory=time.monotonic)
+    server: Server | None = None
+    token: str = ""
+
+
+# -- the warm pool ----------------------------------------------------------------------
+
+_POOLS: dict[str, ContainerPool] = {}
+
+
+def _pool_key(cfg: SandboxSettings) -> str:
+    return cfg.model_dump_json(exclude={"pool_size"})
+
+
+def claim_warm(cfg: SandboxSettings) -> Warm | None:
+    """A started container of an open pool with these settings, if one is ready."""
+    pool = _POOLS.get(_pool_key(cfg))
+    return pool.take() if pool is not None else None
+
+
+class ContainerPool(Shielded):
+    """``size`` (default ``sandbox.pool_size``) started containers, each with an empty
+    ``/workspace``.
+
+    ``async with ContainerPool(project_root, settings.sandbox):`` around a run is a no-op at
+    ``pool_size`` 0; otherwise container workspaces opened inside it (with the same sandbox
+    settings) claim a started container instead of starting one. ``repo`` only names the
+    project in messages: a warm container holds nothing of any repository until claimed.
+    """
+
+    def __init__(
+        self, repo: Path, settings: SandboxSettings | None = None, *, size: int | None = None
+    ) -> None:
+        self.repo = repo.resolve()
+        self.cfg = settings or SandboxSettings()
+        self.size = self.cfg.pool_size if size is None else size
+        self.ready: list[Warm] = []
+        self.claimed = 0
+        self.error: OrchError | None = None  # the last failure to start a container
+        self._stale: list[Warm] = []
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._client: Any = None
+        self._key: str | None = None
+
+    async def _open(self) -> None:
+        if self.size <= 0:
+            return  # pool_size 0: nothing to keep warm (and no engine needed)
+        self.uid, self.gid = engine.sandbox_user(self.cfg)
+        key = _pool_key(self.cfg)
+        if key in _POOLS:
+            raise UsageError(f"a container pool with these settings is already open ({self.repo})")
+        self._client = await asyncio.to_thread(engine.docker_client)
+        self._key = key
+        _POOLS[key] = self
+        self._task = asyncio.create_task(self._refill(), name="orch-container-pool")
+
+    async def _undo(self) -> None:
+        await self._close()
+
+    async def _shut(self, exc_type: type[BaseException] | None) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._key is not None:
+            _POOLS.pop(self._key, None)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        warm, self.ready, self._stale = [*self.ready, *self._stale], [], []
+        await asyncio.gather(*(asyncio.to_thread(self._discard, w) for w in warm))
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def take(self) -> Warm | None:
+        """A ready container (never one past half its TTL), or None; the pool refills behind
+        it, a moment later, so starting the next container does not slow this claim down."""
+        asyncio.get_running_loop().call_later(REFILL_DELAY_S, self._wake.set)
+        while self.ready:
+            warm = self.ready.pop(0)
+            if time.monotonic() - warm.created < self.cfg.ttl_s / 2:
+                self.claimed += 1
+                return warm
+            self._stale.append(warm)
+        return None
+
+    async def wait_ready(self, count: int | None = None) -> None:
+        """Wait until ``count`` (default: all) containers are ready; raise the pool's start
+        error. Bound it with ``asyncio.timeout``."""
+        want = self.size if count is None else count
+        while len(self.ready) < want:
+            if self.error is not None:
+                raise self.error
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _refill(self) -> None:
+        while True:
+            self._wake.clear()
+            stale, self._stale = self._stale, []
+            for warm in stale:
+                await asyncio.to_thread(self._discard, warm)
+            while len(self.ready) < self.size:
+                try:
+                    await await_shielded(self._make())  # never leave a half-made one behind
+                except OrchError as e:
+                    self.error = e
+                    self._changed.set()
+                    await asyncio.sleep(5)  # the engine or the image may come back
+                    break
+            await self._wake.wait()
+
+    async def _make(self) -> None:
+        labels = {**engine.owner_labels(), "orch.pool": "true"}
+        cid = await asyncio.to_thread(
+            engine.create_container, self._client, self.cfg, self.uid, self.gid, labels
+        )
+        try:
+            await asyncio.to_thread(engine.start_container, self._client, cid)
+        except BaseException:
+            await asyncio.to_thread(self._discard, Warm(cid))
+            raise
+        user = f"{self.uid}:{self.gid}"
+        server = await asyncio.to_thread(
+            start_server, self._client, cid, user, engine.WORKSPACE, wait=True
+        )
+        self.error = None
+        self.ready.append(Warm(cid, server=server, token=labels[engine.TOKEN]))
+        self._changed.set()
+
+    def _discard(self, warm: Warm) -> None:
+        if warm.server is not None:
+            warm.server.close()
+        with contextlib.suppress(OrchError):
+            engine.remove_by_id(self._client, warm.container_id)
