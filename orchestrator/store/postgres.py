@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, UsageError
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import ChainUsage, StoreError, bound_transcript
+from .base import ChainUsage, Endings, StoreError, bound_transcript
 from .pgschema import SCHEMA, SCHEMA_LOCK, SCHEMA_VERSION
 from .sqlite import LIKE_ESCAPE, RECENT_ACTIVITIES, _like_prefix
 from .url import endpoint, local_paths, redact, scrub
@@ -72,7 +72,7 @@ def _absent(*ids: str) -> bool:
     return any("\x00" in i for i in ids)
 
 
-class PostgresStore:
+class PostgresStore(Endings):
     """The :class:`~orchestrator.store.base.RunStore` over one Postgres database."""
 
     def __init__(self, url: str) -> None:

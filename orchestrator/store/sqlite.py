@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import ChainUsage, bound_transcript, make_private, state_dir
+from .base import ChainUsage, Endings, bound_transcript, make_private, state_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -130,7 +130,7 @@ def _wal(conn: sqlite3.Connection, timeout_s: float = 30.0) -> None:
         delay = min(delay * 2, 0.2)
 
 
-class SqliteStore:
+class SqliteStore(Endings):
     """The :class:`~orchestrator.store.base.RunStore` over one SQLite file."""
 
     def __init__(self, path: Path) -> None:

@@ -34,7 +34,7 @@ import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
 from ..errors import OrchError, UsageError
@@ -47,8 +47,16 @@ from .settle import commit_env, commit_message
 from .transfer import EXPORT, ahead_of, unpack
 from .worktree import ref_component
 
-if TYPE_CHECKING:
-    from ..run import RunRecord
+
+class RunRecord(Protocol):
+    """What a salvage reads of a run's record (``run.RunRecord``; not imported: the record
+    holds a spec, which holds this tier's config)."""
+
+    run_id: str
+    agent: str
+    description: str
+    workspace: dict[str, Any]
+
 
 EXPORT_TIMEOUT_S = 600.0  # a close
 SALVAGE_TIMEOUT_S = 120.0  # a salvage runs inside some `orch` command: bounded tighter
