@@ -21,7 +21,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..errors import OrchError
 from ..models.base import clean_text
@@ -246,7 +246,7 @@ class Endings:
     (its classes inherit it), made only of the protocol's primitives."""
 
     def end(
-        self: RunStore,
+        self,
         run_id: str,
         status: RunStatus,
         *,
@@ -265,13 +265,14 @@ class Endings:
         so a run never stays ``running`` because its ending could not be stored. When even
         that fails, a :class:`StoreError` says so in one line (the run is then ended by
         reconcile: ``orch ps``)."""
-        write = self.update_run if owner else self.end_if_active
+        store = cast("RunStore", self)  # what every class that inherits this is
+        write = store.update_run if owner else store.end_if_active
         if output is not None:
             fields["output"] = output
         try:
             done = write(run_id, status=status, ended_at=now(), **fields)
             if done is not None and output is not None:
-                self.save_output(run_id, output)
+                store.save_output(run_id, output)
         except Exception as e:
             why = _one_line(e)
             reason = f"the run ended {status.value}, but its ending could not be stored ({why})"
@@ -284,5 +285,5 @@ class Endings:
                 ) from None
         if done is not None:
             with contextlib.suppress(Exception):
-                self.add_event(run_id, "run_finished", done.finished_event())
+                store.add_event(run_id, "run_finished", done.finished_event())
         return done
