@@ -10,6 +10,7 @@ tokens in total; a child past them is refused naming the budget) and the tier
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .background import me, this_node
@@ -44,20 +45,16 @@ def branch_exists(workdir: Path, branch: str) -> bool:
     return found.code == 0
 
 
+@dataclass
 class Admission:
-    def __init__(
-        self,
-        settings: Settings,
-        store: RunStore,
-        catalog: Catalog,
-        models: ModelProvider,
-        tools: ToolRegistry,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.catalog = catalog
-        self.models = models
-        self.tools = tools
+    """The rules a spec is held to, over the runner's settings, store, agents, models and
+    tools."""
+
+    settings: Settings
+    store: RunStore
+    catalog: Catalog
+    models: ModelProvider
+    tools: ToolRegistry
 
     def admit(
         self,
