@@ -10,8 +10,8 @@ tokens in total; a child past them is refused naming the budget) and the tier
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .background import me, this_node
 from .config import Settings
@@ -21,7 +21,7 @@ from .guidance import ALIASES, resolve_agent
 from .models import ModelProvider
 from .policy import child_tools
 from .run import RunRecord, first_line, new_chain_id, new_run_id
-from .spec import Budgets, RunSpec
+from .spec import Budgets, Launch, RunPlan, RunSpec
 from .store import RunStore
 from .tools.base import ToolRegistry
 from .workspaces.registry import choose_tier, tier_config
@@ -45,20 +45,16 @@ def branch_exists(workdir: Path, branch: str) -> bool:
     return found.code == 0
 
 
+@dataclass
 class Admission:
-    def __init__(
-        self,
-        settings: Settings,
-        store: RunStore,
-        catalog: Catalog,
-        models: ModelProvider,
-        tools: ToolRegistry,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.catalog = catalog
-        self.models = models
-        self.tools = tools
+    """The rules a spec is held to, over the runner's settings, store, agents, models and
+    tools."""
+
+    settings: Settings
+    store: RunStore
+    catalog: Catalog
+    models: ModelProvider
+    tools: ToolRegistry
 
     def admit(
         self,
@@ -66,7 +62,7 @@ class Admission:
         driving: AgentDefinition | None,
         parent: RunRecord | None,
         *,
-        launch: dict[str, Any],
+        launch: Launch,
     ) -> tuple[RunRecord, RunSpec]:
         """The record of a new run (not yet stored) and its resolved spec; refusals raise
         OrchError with a message the caller (often a model) can act on."""
@@ -128,15 +124,13 @@ class Admission:
             pid=pid,
             pid_start=pid_start,
             node=this_node(),
-            options={
-                "spec": resolved.model_dump(mode="json"),
-                "max_turns": spec.limits.max_turns
-                or definition.max_turns
-                or self.settings.max_turns,
-                "timeout_seconds": spec.limits.timeout_seconds or self.settings.timeout_seconds,
-                "launch": launch if spec.background and parent is None else {},
-                "budgets": budgets.model_dump(),
-            },
+            plan=RunPlan(
+                spec=resolved,
+                max_turns=spec.limits.max_turns or definition.max_turns or self.settings.max_turns,
+                timeout_seconds=spec.limits.timeout_seconds or self.settings.timeout_seconds,
+                budgets=budgets,
+            ),
+            launch=launch if spec.background and parent is None else Launch(),
         )
         return record, resolved
 
@@ -178,7 +172,7 @@ class Admission:
         going on with its branch when it left one (worktree, container)."""
         if spec.agent is not None and old.agent not in (spec.agent, ALIASES.get(spec.agent)):
             raise OrchError(f"cannot resume {old.run_id} as {spec.agent!r}: it is {old.agent!r}")
-        before = RunSpec.model_validate(old.options["spec"])
+        before = old.planned().spec
         tier = before.workspace or tier_config(old.isolation)
         branch = old.workspace.get("branch")
         if "branch" in type(tier).model_fields:
@@ -206,7 +200,7 @@ class Admission:
         )
         if parent is None:
             return mine
-        budgets = Budgets.model_validate(parent.options.get("budgets") or mine.model_dump())
+        budgets = (parent.plan.budgets if parent.plan else None) or mine
         used = self.store.chain_usage(chain_id, tokens=budgets.tokens is not None)
         if used.runs >= budgets.runs:
             raise OrchError(

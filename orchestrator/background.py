@@ -179,15 +179,9 @@ def reconcile(store: RunStore) -> list[RunRecord]:
         error = f"interrupted: owner process {rec.pid}{where} is gone"
         if actions:
             error += " (" + "; ".join(actions) + ")"
-        updated = store.end_if_active(
-            rec.run_id,
-            status=RunStatus.INTERRUPTED,
-            error=error,
-            output=current.output or current.summary,
-            ended_at=now(),
-        )
+        output = current.output or current.summary
+        updated = store.end(rec.run_id, RunStatus.INTERRUPTED, error=error, output=output)
         if updated is not None:
-            store.add_event(rec.run_id, "run_finished", {"status": "interrupted", "error": error})
             fixed.append(updated)
     return fixed
 

@@ -69,7 +69,9 @@ class Engine(Protocol):
 
     settings: Settings
     store: RunStore
-    jobs: dict[str, asyncio.Task[RunRecord]]
+
+    @property
+    def jobs(self) -> dict[str, asyncio.Task[RunRecord]]: ...
 
     async def spawn(self, spec: RunSpec) -> RunHandle: ...
 

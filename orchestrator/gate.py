@@ -5,6 +5,9 @@ it back when it ends. A run that waits for its own children gives its place
 back for as long as it waits (``pause``/``resume``, counted, since one reply's
 task calls wait concurrently): otherwise a tree deeper than the budget would
 wait on itself for ever. Cancellation-safe: a place is released only if held.
+
+:class:`Places` keeps a process's gates (one per chain) and its slots (a parent's
+children at once, ``max_parallel_children``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+
+from .run import RunRecord
 
 
 class ChainGate:
@@ -67,3 +72,46 @@ class ChainGate:
             await self._places.acquire()
             self._held.add(run_id)
             self.peak = max(self.peak, len(self._held))
+
+
+class Places:
+    """Where the runs of one process wait for their place: their parent's slots, then
+    their chain's gate (a chain's ``running`` budget, else ``max_chain_running``)."""
+
+    def __init__(self, per_parent: int, per_chain: int) -> None:
+        self.per_parent = per_parent
+        self.per_chain = per_chain
+        self._gates: dict[str, ChainGate] = {}  # chain id -> its gate
+        self._slots: dict[str, asyncio.Semaphore] = {}  # parent run id -> its children's
+
+    def gate(self, record: RunRecord) -> ChainGate:
+        """The in-process gate of the record's chain."""
+        gate = self._gates.get(record.chain_id)
+        if gate is None:
+            budgets = record.plan.budgets if record.plan else None
+            gate = ChainGate(budgets.running if budgets else self.per_chain)
+            self._gates[record.chain_id] = gate
+        return gate
+
+    @contextlib.asynccontextmanager
+    async def taken(self, record: RunRecord) -> AsyncIterator[None]:
+        """Wait for a slot beside the run's siblings, then for a place in its chain
+        (queued until then); give both back at its end."""
+        slot = None
+        if record.parent_run_id is not None:
+            slot = self._slots.setdefault(record.parent_run_id, asyncio.Semaphore(self.per_parent))
+        acquired = False
+        gate = self.gate(record)
+        try:
+            if slot is not None:
+                await slot.acquire()
+                acquired = True
+            await gate.enter(record.run_id)
+            yield
+        finally:
+            gate.leave(record.run_id)
+            if acquired and slot is not None:
+                slot.release()
+            if record.depth == 0 and gate.working == 0:
+                self._gates.pop(record.chain_id, None)
+            self._slots.pop(record.run_id, None)

@@ -3,7 +3,9 @@
 Every agent execution, root or child, is one run. The record is the single
 source of truth for its place in the QueryChain (chain_id, depth,
 parent_run_id), its limits (allowed tools, max_depth) and its outcome, so a
-resumed or reconciled run is held to the same limits it started with.
+resumed or reconciled run is held to the same limits it started with: its
+``plan`` (the resolved spec and limits, :class:`~orchestrator.spec.RunPlan`) and its
+``launch`` (how another process rebuilds its engine, :class:`~orchestrator.spec.Launch`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import OrchError
+from .spec import Launch, RunPlan
 
 
 class RunStatus(enum.StrEnum):
@@ -125,12 +130,42 @@ class RunRecord(BaseModel):
     # Where the owner runs: this machine's host name for a local run, ``host/ray-<id>`` for a
     # run on a Ray node (its pid means nothing elsewhere: reconcile goes by its heartbeat).
     node: str | None = None
-    # How a detached worker re-creates the run: workdir, model spec, limits, agents dirs.
-    options: dict[str, Any] = Field(default_factory=dict)
+    plan: RunPlan | None = None  # what it was admitted to do (None: an odd or old record)
+    launch: Launch = Field(default_factory=Launch)  # kept for a detached root's worker
     created_at: float = Field(default_factory=now)
     started_at: float | None = None
     updated_at: float = Field(default_factory=now)
     ended_at: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_options(cls, data: Any) -> Any:
+        """A record stored by an older orch keeps its plan and launch in one ``options``
+        dict: read into the typed fields (a plan that no longer validates is dropped, so
+        the record still loads for ``orch ps``; running it says what is missing)."""
+        if not isinstance(data, dict) or "options" not in data:
+            return data
+        data = dict(data)
+        options = data.pop("options") or {}
+        if "plan" not in data and "spec" in options:
+            keys = ("spec", "max_turns", "timeout_seconds", "budgets")
+            plan = {k: options[k] for k in keys if options.get(k) is not None}
+            try:
+                data["plan"] = RunPlan.model_validate(plan)
+            except ValidationError:
+                data["plan"] = None
+        if "launch" not in data and options.get("launch"):
+            data["launch"] = options["launch"]
+        return data
+
+    def planned(self) -> RunPlan:
+        """This run's plan; an OrchError for a record that keeps none."""
+        if self.plan is None:
+            raise OrchError(
+                f"run {self.run_id} keeps no plan to run by (stored by an older orch?); "
+                "start it again with `orch task`"
+            )
+        return self.plan
 
     def started_event(self) -> dict[str, Any]:
         """The data of this run's ``run_started`` event: where it stands in its chain."""
@@ -144,6 +179,16 @@ class RunRecord(BaseModel):
             "allowed_tools": self.allowed_tools,
             "isolation": self.isolation,
             "resumed_from": self.resumed_from,
+        }
+
+    def finished_event(self) -> dict[str, Any]:
+        """The data of this run's ``run_finished`` event, the one shape of every ending."""
+        return {
+            "status": self.status.value,
+            "error": self.error,
+            "usage": self.usage.model_dump(),
+            "evidence": self.evidence.model_dump(),
+            "artifacts": self.artifacts,
         }
 
     def result(self) -> RunResult:

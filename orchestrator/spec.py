@@ -5,25 +5,31 @@ definition, the model, the tools, the chain position, the tier) and holds it
 to the parent's limits. Every way of starting a run builds one: ``orch task``
 (root), the ``task`` tool (a child), a team (its root and its turns), the
 detached worker (the stored spec of a queued run) and ``orch resume``.
+
+What admission makes of a spec is kept with the run (``RunRecord.plan``, a
+:class:`RunPlan`), with how another process rebuilds the engine that runs it
+(``RunRecord.launch``, a :class:`Launch`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from .workspaces.registry import WorkspaceConfig
 
 
-def _not_blank(v: str) -> str:
-    if not v.strip():
+def not_blank(text: str) -> str:
+    """A prompt with words in it (whitespace alone is refused)."""
+    if not text.strip():
         raise ValueError("prompt must not be blank")
-    return v
+    return text
 
 
-Prompt = Annotated[str, AfterValidator(_not_blank)]  # a run's prompt (and the task tool's)
+# A task's prompt, wherever one is asked for (a spec, the ``task`` tool's input).
+Prompt = Annotated[str, Field(min_length=1), AfterValidator(not_blank)]
 
 
 class Limits(BaseModel):
@@ -49,7 +55,7 @@ class Budgets(BaseModel):
 class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt: Prompt = Field(min_length=1)
+    prompt: Prompt
     agent: str | None = None  # None: the default agent ("general")
     description: str = ""
     model: str | None = None  # alias or id; None: the agent's, else the parent's, else default
@@ -64,3 +70,27 @@ class RunSpec(BaseModel):
     # A run id: continue that ended run's conversation with ``prompt`` as the next user
     # message (a new run, same agent, tier, branch and chain; see admission.resumable).
     resume: str | None = None
+
+
+class RunPlan(BaseModel):
+    """What a run was admitted to do, kept with its record: the resolved spec (agent,
+    tier and workdir settled) and the limits it is held to wherever it executes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: RunSpec
+    max_turns: int = Field(ge=1)
+    timeout_seconds: float | None = None
+    budgets: Budgets | None = None  # its chain's (None: a record of an older orch)
+
+
+class Launch(BaseModel):
+    """How another process (a detached worker, a worker host, a cluster node) rebuilds the
+    engine of a run: the same model, agent dirs, settings flags and trust, never more."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_spec: str | None = None
+    agents_dirs: list[str] = Field(default_factory=list)
+    overrides: dict[str, Any] = Field(default_factory=dict)  # the flags that made the settings
+    trust: str | None = None  # the launcher's honoured trust digest: a worker's cap

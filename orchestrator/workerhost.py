@@ -198,10 +198,10 @@ class WorkerHost:
         if record.pid not in owners:
             return "the run was queued by another process"
         try:
-            workdir = Path(str(record.options["spec"]["workdir"]))
+            workdir = record.planned().spec.workdir
             if state_dir(project_root(workdir)).resolve() != self.state.resolve():
                 return "the run belongs to another state dir"
-            launch = record.options.get("launch") or {}
+            launch = record.launch.model_dump()
             slot = self._slot(self.prepare(self.store, workdir, dict(launch)))
         except Exception as e:  # a run's engine failing to build is that run's, not the host's
             return f"cannot build its engine: {type(e).__name__}: {e}"

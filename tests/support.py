@@ -17,10 +17,11 @@ import yaml
 
 from orchestrator.config import Settings
 from orchestrator.definitions import Catalog, load_catalog
+from orchestrator.execution import Provision
 from orchestrator.models import ModelProvider, ScriptedModel
 from orchestrator.osbox import bwrap_choice
 from orchestrator.run import RunRecord
-from orchestrator.runner import Provision, Runner
+from orchestrator.runner import Runner
 from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.registry import tier_config

@@ -327,7 +327,7 @@ def test_a_deep_fan_out_never_has_more_runs_working_than_the_chain_allows(
     assert {r.status for r in runs} == {RunStatus.SUCCEEDED}
     assert model.peak <= 20
     assert model.peak >= 15  # the budget is used, not just respected
-    assert all(r.options["budgets"]["running"] == 20 for r in runs)
+    assert all(r.plan and r.plan.budgets and r.plan.budgets.running == 20 for r in runs)
 
 
 def test_chain_budgets_refuse_with_the_budgets_name(tmp_path: Path) -> None:

@@ -254,14 +254,13 @@ def chain_tree(runs: list[RunRecord]) -> Tree:
 
 def budget_line(runs: list[RunRecord]) -> str:
     """The chain's use of its budgets (set by its root, kept by every run)."""
-    budgets = next((r.options.get("budgets") for r in runs if r.options.get("budgets")), None)
+    budgets = next((r.plan.budgets for r in runs if r.plan and r.plan.budgets), None)
     if not budgets:
         return f"chain: {len(runs)} runs"
     live = sum(1 for r in runs if not r.status.ended)
     tokens = sum(r.usage.input_tokens + r.usage.output_tokens for r in runs)
-    cap = budgets.get("tokens")
+    cap = budgets.tokens
     return (
-        f"chain budgets: runs {len(runs)}/{budgets['runs']} · live {live} "
-        f"(working at once ≤ {budgets['running']}) · tokens {tokens:,}"
-        + (f"/{cap:,}" if cap else "")
+        f"chain budgets: runs {len(runs)}/{budgets.runs} · live {live} "
+        f"(working at once ≤ {budgets.running}) · tokens {tokens:,}" + (f"/{cap:,}" if cap else "")
     )

@@ -54,17 +54,18 @@ def make_runner(
     from ..agent_trust import guard
     from ..definitions import load_catalog
     from ..runner import Runner
+    from ..spec import Launch
 
     not_dumpable()
     if catalog is None:
         catalog = load_catalog(project.root, agents_dirs=all_agents_dirs(project, agents_dirs))
         catalog = guard(project.trust, catalog)  # untrusted agent files: isolation kept
-    launch = {
-        "model_spec": model_spec,
-        "agents_dirs": [str(p.resolve()) for p in agents_dirs],
-        "overrides": {k: v for k, v in (overrides or {}).items() if v is not None},
-        "trust": project.trust.honoured_digest,  # a worker never honours more than this
-    }
+    launch = Launch(
+        model_spec=model_spec,
+        agents_dirs=[str(p.resolve()) for p in agents_dirs],
+        overrides={k: v for k, v in (overrides or {}).items() if v is not None},
+        trust=project.trust.honoured_digest,  # a worker never honours more than this
+    )
     runner = Runner(
         settings=project.settings,
         store=project.store,
@@ -88,7 +89,7 @@ def worker_runner(project_dir: Path, run_id: str) -> tuple[Runner, Project]:
     from .common import open_project
 
     probe = open_project(project_dir, quiet=True)
-    launch: dict[str, Any] = probe.store.require_run(run_id).options.get("launch", {})
+    launch: dict[str, Any] = probe.store.require_run(run_id).launch.model_dump()
     # The same trust decision as the launcher's, never more: its honoured digest is the cap.
     cap = TrustCap(launch.get("trust"))
     project = open_project(project_dir, trust_cap=cap, **launch.get("overrides", {}))

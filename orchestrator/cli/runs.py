@@ -85,7 +85,9 @@ def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
         "summary": (raw.get("summary") or "")[:500],
         "os_sandbox": (raw.get("workspace") or {}).get("os_sandbox"),
         "network": (raw.get("workspace") or {}).get("network"),
-        "budgets": (raw.get("options") or {}).get("budgets") if raw.get("depth") == 0 else None,
+        "budgets": (raw.get("plan") or raw.get("options") or {}).get("budgets")
+        if raw.get("depth") == 0
+        else None,
     }
 
 
@@ -291,8 +293,7 @@ def _force_cancel(store: RunStore, record: RunRecord, why: str) -> None:
         return
     actions = reap(store, record.run_id)
     error = f"cancelled ({why})" + (": " + "; ".join(actions) if actions else "")
-    if store.end_if_active(record.run_id, status=RunStatus.CANCELLED, error=error, ended_at=now()):
-        store.add_event(record.run_id, "run_finished", {"status": "cancelled", "error": error})
+    store.end(record.run_id, RunStatus.CANCELLED, error=error)
 
 
 def worker(

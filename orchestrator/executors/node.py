@@ -36,6 +36,7 @@ from ..definitions import Catalog
 from ..git import RepoPaths, git
 from ..models import ModelProvider
 from ..runner import Runner
+from ..spec import Launch
 from ..store import RunStore, SqliteStore, open_store
 
 ORCH_PREFIX = "refs/heads/orch/"
@@ -51,7 +52,7 @@ class NodeTask(BaseModel):
     bundle_ref: str  # the starting commit's ref name inside the bundle
     branch: str | None = None  # a continued orch/* branch: made at ``start`` on the node
     settings: dict[str, Any]  # the spawner's resolved settings
-    launch: dict[str, Any]
+    launch: Launch
     model_spec: str | None = None
     sqlite: str | None = None  # the spawner's SQLite file, when that is the store
     max_bundle: int

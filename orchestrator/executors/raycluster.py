@@ -42,8 +42,7 @@ from ..errors import OrchError, UsageError
 from ..git import RepoPaths, first_line, git
 from ..models import env_names
 from ..repo import locate, rev
-from ..run import RunRecord, RunStatus, now
-from ..spec import RunSpec
+from ..run import RunRecord, RunStatus
 from ..store import SqliteStore, store_url
 from ..workspaces.container.export import land
 from ..workspaces.container.transfer import Staging, base_bundle, bundle_ref
@@ -91,7 +90,7 @@ class RayExecutor:
 
     async def run(self, record: RunRecord) -> RunRecord:
         await self._connect()
-        spec = RunSpec.model_validate(record.options["spec"])
+        spec = record.planned().spec
         located = await locate(spec.workdir)
         main = located.main()
         branch = getattr(spec.workspace, "branch", None)
@@ -136,7 +135,7 @@ class RayExecutor:
             # the store's URL (it may hold a password) travels with the secrets only
             settings=runner.settings.model_dump(mode="json", by_alias=True, exclude={"store"}),
             launch=runner.launch,
-            model_spec=runner.launch.get("model_spec"),
+            model_spec=runner.launch.model_spec,
             sqlite=sqlite,
             max_bundle=runner.settings.sandbox.bundle_max_bytes,
         )
@@ -236,12 +235,7 @@ class RayExecutor:
         why = f"{type(cause).__name__}: {first_line(str(cause))}"[:300]
         text = f"failed on {where}: {why}" if crashed else f"interrupted: {where} was lost ({why})"
         for run in [current, *store.descendants(record.run_id)]:
-            ended = store.end_if_active(
-                run.run_id, status=status, error=text, output=run.output or run.summary,
-                ended_at=now(),
-            )  # fmt: skip
-            if ended is not None:
-                store.add_event(run.run_id, "run_finished", {"status": status.value, "error": text})
+            store.end(run.run_id, status, error=text, output=run.output or run.summary)
         return store.require_run(record.run_id)
 
     async def _take(

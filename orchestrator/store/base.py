@@ -15,21 +15,24 @@ processes writing the same store at the same time; reads see committed data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..errors import OrchError
-from ..run import RunRecord, RunStatus
+from ..models.base import clean_text
+from ..run import RunRecord, RunStatus, now
 from ..statedir import STATE_DIR_MODE as STATE_DIR_MODE
 from ..statedir import state_dir as state_dir
 from ..statedir import state_path as state_path
 from ..workspaces.base import ResourceSink
 
 TRANSCRIPT_LIMIT = 2 * 1024 * 1024  # bytes of JSON kept per transcript
+MAX_REASON = 500  # characters of the reason an ending could not be stored
 
 
 def bound_transcript(
@@ -92,7 +95,60 @@ class ChainUsage:
     tokens: int  # input + output tokens of all its runs
 
 
-class RunStore(ResourceSink, Protocol):
+def _one_line(error: BaseException) -> str:
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return clean_text(text)[:MAX_REASON]
+
+
+class Endings(Protocol):
+    """Writing a run's ending, so that it is written: every store has this one ``end``
+    (its classes inherit it), made only of the protocol's primitives."""
+
+    def end(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        owner: bool = False,
+        **fields: Any,
+    ) -> RunRecord | None:
+        """End ``run_id`` with ``status``: the status, the time, ``fields`` (error, summary,
+        usage, evidence, artifacts...) and ``output`` (kept whole too) in one write, then
+        its one ``run_finished`` event (:meth:`RunRecord.finished_event`; a failed write of
+        the event ends nothing). Only a run still queued or running is ended (else None),
+        but for ``owner``: the process that ran it writes its own ending over any other.
+
+        When that write fails (the store refuses a value, a disk or server error), the
+        smallest ending there is is written: ``failed``, the time, the reason in one line,
+        so a run never stays ``running`` because its ending could not be stored. When even
+        that fails, a :class:`StoreError` says so in one line (the run is then ended by
+        reconcile: ``orch ps``)."""
+        store = cast("RunStore", self)  # what every class that inherits this is
+        write = store.update_run if owner else store.end_if_active
+        if output is not None:
+            fields["output"] = output
+        try:
+            done = write(run_id, status=status, ended_at=now(), **fields)
+            if done is not None and output is not None:
+                store.save_output(run_id, output)
+        except Exception as e:
+            why = _one_line(e)
+            reason = f"the run ended {status.value}, but its ending could not be stored ({why})"
+            try:
+                done = write(run_id, status=RunStatus.FAILED, ended_at=now(), error=reason)
+            except Exception as again:
+                raise StoreError(
+                    f"run {run_id} could not be recorded as ended ({_one_line(again)}); "
+                    "`orch ps` ends it once the store works again"
+                ) from None
+        if done is not None:
+            with contextlib.suppress(Exception):
+                store.add_event(run_id, "run_finished", done.finished_event())
+        return done
+
+
+class RunStore(ResourceSink, Endings, Protocol):
     """Where runs, events, outputs and owned resources are kept (see the module doc)."""
 
     def describe(self) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import ChainUsage, bound_transcript
+from .base import ChainUsage, Endings, bound_transcript
 
 RECENT_ACTIVITIES = 5
 LIKE_ESCAPE = "\\"
@@ -96,7 +96,7 @@ def _record(row: Row) -> RunRecord:
     return RunRecord.model_validate_json(row[0])
 
 
-class SqlStore:
+class SqlStore(Endings):
     """The :class:`~orchestrator.store.base.RunStore` over a SQL database (its dialect)."""
 
     def __init__(self, dialect: Dialect) -> None:

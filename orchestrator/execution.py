@@ -1,0 +1,280 @@
+"""One run executing in this process, from its start to its ending.
+
+A :class:`LiveRun` is what the Runner keeps of a run it admitted or adopted and
+that has not ended: its record as created (its chain position and limits never
+change), its resolved spec, where it executes and its job. An :class:`Execution`
+runs it: opens its workspace (``async with``, the tier from ``spec.workspace``),
+runs a fresh ``AgentRun`` (or a driver, for orchestration code like a team)
+under its limits (timeout, stall watchdog, SubagentStart hooks), turns every way
+of ending into a status and writes the ending with ``store.end``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+from weakref import WeakValueDictionary
+
+from .agent import AgentRun, LoopOutcome, RunContext
+from .background import me, this_node
+from .config import Settings
+from .definitions import AgentDefinition, Catalog
+from .delegation import ChildSpawner, Engine
+from .errors import OrchError
+from .models import ModelProvider
+from .policy import Policy, run_hooks
+from .run import RunRecord, RunStatus, now
+from .spec import RunSpec
+from .store import RunStore, store_paths
+from .tools.base import ToolContext, ToolRegistry
+from .workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
+
+Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
+Drive = Callable[[RunRecord], Awaitable[LoopOutcome]]
+
+
+@dataclass
+class LiveRun:
+    """A run of this process that has not ended."""
+
+    record: RunRecord  # as created: its chain position and limits never change
+    spec: RunSpec  # resolved (agent, tier, workdir)
+    here: Path | None = None  # a cluster node's copy of the spawner's repository: run there
+    job: asyncio.Task[RunRecord] | None = None
+    progress: float = field(default_factory=time.monotonic)  # its last progress (monotonic)
+
+    @property
+    def held(self) -> bool:
+        """Adopted on a cluster node: its spawner writes its ending once its work is home."""
+        return self.here is not None
+
+
+class Host(Engine, Protocol):
+    """What an execution needs of the Runner that started it."""
+
+    catalog: Catalog
+    models: ModelProvider
+    tools: ToolRegistry
+    provision: Provision
+    held: dict[str, str]
+    workspaces: WeakValueDictionary[str, Workspace]  # run id -> its open workspace
+
+    def child_env(self) -> dict[str, str]: ...
+
+    def state_dir(self, workdir: Path) -> Path: ...
+
+
+class Execution:
+    def __init__(
+        self,
+        host: Host,
+        live: LiveRun,
+        definition: AgentDefinition,
+        drive: Drive | None = None,
+    ) -> None:
+        self.host = host
+        self.live = live
+        self.definition = definition
+        self.drive = drive  # a driver's, instead of a model loop
+        self.settings: Settings = host.settings
+        self.store: RunStore = host.store
+
+    async def run(self) -> RunRecord:
+        record, store, definition = self.live.record, self.store, self.definition
+        spec = self.live.spec
+        if self.live.here is not None:
+            spec = spec.model_copy(update={"workdir": self.live.here})
+        assert spec.workspace is not None  # admission resolved it
+        pid, pid_start = me()
+        store.update_run(
+            record.run_id,
+            status=RunStatus.RUNNING,
+            started_at=now(),
+            pid=pid,
+            pid_start=pid_start,
+            node=this_node(),
+        )
+        store.add_event(record.run_id, "run_started", record.started_event())
+        wspec = WorkspaceSpec.for_run(
+            self.settings,
+            record,
+            base=spec.workdir,
+            sink=store,
+            network=definition.network,
+            state_dir=self.host.state_dir(spec.workdir),
+            store_paths=store_paths(store, spec.workdir),
+            parent=self.host.workspaces.get(record.parent_run_id or ""),
+        )
+        outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
+        ctx: RunContext | None = None
+        workspace: Workspace | None = None
+        try:
+            workspace = self.host.provision(spec.workspace, wspec)
+            self.host.workspaces[record.run_id] = workspace
+            async with workspace as ws:
+                record = store.update_run(record.run_id, workspace=ws.info())
+                notifications: list[str] = []
+                evidence = record.evidence.model_copy()
+                spawner = ChildSpawner(self.host, record, ws.root, notifications, evidence)
+                ctx = self._context(record, ws, spawner, notifications)
+                try:
+                    outcome = await self._guarded(ctx, spawner)
+                except asyncio.CancelledError:
+                    outcome = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
+                    raise
+                finally:
+                    # Background children end before the workspace closes, so what they
+                    # wrote is in the commit of a worktree, not lost after it.
+                    await asyncio.shield(spawner.close())
+                    ws.set_outcome(
+                        RunOutcome(status=outcome.status.value, description=record.description)
+                    )
+        except asyncio.CancelledError:
+            cancelled = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
+            self.finish(ctx, cancelled, workspace)
+            raise
+        except OrchError as e:
+            outcome = LoopOutcome(RunStatus.FAILED, outcome.text, str(e))
+        except Exception as e:  # never leave a run `running` behind a crash of ours
+            outcome = LoopOutcome(RunStatus.FAILED, outcome.text, f"{type(e).__name__}: {e}")
+        return self.finish(ctx, outcome, workspace)
+
+    def _context(
+        self, record: RunRecord, ws: Workspace, spawner: ChildSpawner, notifications: list[str]
+    ) -> RunContext:
+        host, settings = self.host, self.settings
+        return RunContext(
+            record=record,
+            definition=self.definition,
+            settings=settings,
+            store=self.store,
+            model=host.models.get(record.model),
+            tools=host.tools,
+            policy=Policy.for_run(settings, record.allowed_tools, record.depth, record.max_depth),
+            catalog=host.catalog,
+            tool_ctx=ToolContext(
+                run_id=record.run_id,
+                runtime=ws.runtime(),
+                settings=settings,
+                env={
+                    **host.child_env(),
+                    "ORCH_CHAIN_ID": record.chain_id,
+                    "ORCH_PARENT_RUN_ID": record.run_id,
+                    "ORCH_DEPTH": str(record.depth),
+                },
+                evidence=spawner.evidence,
+                spawner=spawner,
+                skills=host.catalog.skills,
+            ),
+            notifications=notifications,
+            host_root=ws.root,
+        )
+
+    def _progressed(self) -> None:
+        self.live.progress = time.monotonic()
+
+    async def _guarded(self, ctx: RunContext, spawner: ChildSpawner) -> LoopOutcome:
+        """The run under its limits: timeout, stall watchdog, hooks, and errors as outcomes."""
+        record, plan = ctx.record, self.live.record.planned()
+        loop = AgentRun(
+            ctx,
+            max_turns=plan.max_turns,
+            before_finish=spawner.before_finish,
+            on_progress=self._progressed,
+        )
+        timeout_seconds = plan.timeout_seconds
+        stall = asyncio.timeout(None)
+        stalled: list[bool] = []
+        watchdog = asyncio.create_task(self._watch_stall(ctx, stall, stalled))
+        try:  # a hook refused (hookguard.HookRefused) is an OrchError: the run fails
+            if record.depth > 0 and self.settings.hooks.subagent_start:
+                started = await run_hooks(
+                    self.settings.hooks.subagent_start,
+                    "SubagentStart",
+                    record.agent,
+                    {"run_id": record.run_id, "agent": record.agent, "prompt": record.prompt},
+                    cwd=ctx.hook_cwd,
+                    env=ctx.env,
+                )
+                if started.blocked:
+                    why = f"SubagentStart hook: {started.message}"
+                    return LoopOutcome(RunStatus.FAILED, "", why)
+            async with asyncio.timeout(timeout_seconds), stall:
+                if self.drive is not None:
+                    return await self.drive(record)
+                history = None
+                if record.resumed_from is not None:
+                    history = self.store.transcript(record.resumed_from)
+                    if history is None:
+                        raise OrchError(f"the conversation of {record.resumed_from} is gone")
+                return await loop.run(record.prompt, history)
+        except TimeoutError:
+            why = (
+                f"stalled: no progress for {self.settings.stall_timeout:g}s"
+                if stalled
+                else f"timed out after {timeout_seconds:g}s"
+            )
+            return LoopOutcome(RunStatus.TIMED_OUT, loop.last_text, why)
+        except OrchError as e:
+            return LoopOutcome(RunStatus.FAILED, loop.last_text, str(e))
+        except Exception as e:  # a model or tool bug must end the run, not the tree
+            return LoopOutcome(RunStatus.FAILED, loop.last_text, f"{type(e).__name__}: {e}".strip())
+        finally:
+            watchdog.cancel()
+
+    async def _watch_stall(
+        self, ctx: RunContext, stall: asyncio.Timeout, stalled: list[bool]
+    ) -> None:
+        """A background run with no progress for ``stall_timeout`` ends as timed_out.
+
+        Progress is a model reply or a finished tool call; a run with a tool call (or a
+        wait for its children) under way is busy, not stalled: those have their own limits.
+        """
+        limit = self.settings.stall_timeout
+        if limit <= 0:
+            return
+        self._progressed()
+        while True:
+            await asyncio.sleep(min(limit / 4, 5.0))
+            if ctx.inflight > 0:
+                self._progressed()
+                continue
+            rec_bg = self.store.get_run(ctx.run_id)
+            idle = time.monotonic() - self.live.progress
+            if rec_bg is not None and rec_bg.background and idle > limit:
+                stalled.append(True)
+                stall.reschedule(asyncio.get_running_loop().time())
+                return
+
+    def finish(
+        self, ctx: RunContext | None, outcome: LoopOutcome, workspace: Workspace | None
+    ) -> RunRecord:
+        """Write the run's ending (``store.end``). A run adopted on a cluster node keeps its
+        status ``running`` here (its status held in the Runner's ``held``): its spawner ends
+        it with ``Runner.end_held`` once the node's work is home, so an ended run's branch
+        is there."""
+        run_id = self.live.record.run_id
+        artifacts = [*(workspace.artifacts() if workspace is not None else []), *outcome.artifacts]
+        fields: dict[str, object] = {
+            "summary": outcome.text[:2000],
+            "error": outcome.error,
+            "artifacts": artifacts,
+        }
+        if ctx is not None:
+            fields["usage"] = ctx.usage
+            fields["evidence"] = ctx.evidence
+        if self.live.held:
+            try:
+                held = self.store.update_run(run_id, output=outcome.text, **fields)
+                self.store.save_output(run_id, outcome.text)
+            except Exception:  # ended here after all: ``end`` writes what it can
+                held = None
+            if held is not None:
+                self.host.held[run_id] = outcome.status.value
+                return held.model_copy(update={"status": outcome.status})
+        ended = self.store.end(run_id, outcome.status, output=outcome.text, owner=True, **fields)
+        return ended if ended is not None else self.store.require_run(run_id)
