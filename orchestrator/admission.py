@@ -13,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .background import me, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .errors import OrchError
 from .guidance import ALIASES, resolve_agent
 from .models import ModelProvider
 from .policy import child_tools
+from .process.owner import me, this_node
 from .run import RunRecord, first_line, new_chain_id, new_run_id
 from .spec import Budgets, RunSpec
 from .store import RunStore

@@ -32,7 +32,6 @@ from typing import Any, Protocol
 
 from .admission import Admission
 from .agent import AgentRun, LoopOutcome, RunContext
-from .background import me, spawn_worker, supervised, this_node
 from .config import DEFAULT_COMMIT_EXCLUDE, Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Executor, RunHandle, spawned_event
@@ -42,6 +41,7 @@ from .gate import ChainGate
 from .models import ModelProvider
 from .paths import project_root
 from .policy import Policy, run_hooks, scrubbed_env
+from .process.owner import me, supervised, this_node
 from .run import RunRecord, RunStatus, now
 from .spec import RunSpec
 from .store import RunStore, store_paths
@@ -49,7 +49,6 @@ from .tools import builtin_tools
 from .tools.base import Tool, ToolContext, ToolRegistry
 from .tools.delegate import delegation_tools
 from .workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
-from .workspaces.base import process_start
 
 Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
 
@@ -103,12 +102,11 @@ class Runner:
 
     # -- starting runs ------------------------------------------------------------------
     async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
-        """Store the run ``queued`` and start it; refusals raise OrchError, nothing stored."""
+        """Store the run ``queued`` and start it (a background root: only stored, for the
+        caller to detach, ``process/detach.py``); refusals raise OrchError, nothing stored."""
         record = self._admit(spec, driver)
         if record.parent_run_id is None and record.background and driver is None:
-            pid = spawn_worker(project_root(spec.workdir), record.run_id)
-            record = self.store.update_run(record.run_id, pid=pid, pid_start=process_start(pid))
-            return RunHandle(record, None)
+            return RunHandle(record, None)  # stored, unstarted: the CLI detaches it
         return RunHandle(record, self._start(record, driver))
 
     async def adopt(self, run_id: str, *, workdir: Path | None = None) -> RunRecord:

@@ -20,10 +20,10 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ..agent_trust import load_trusted
-from ..background import reconcile
 from ..config import Settings
 from ..errors import NotFound, OrchError, UsageError
 from ..paths import project_root
+from ..process.reconcile import reconcile
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, open_store
 from ..trust import Trust, TrustCap

@@ -38,19 +38,19 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import OrchError, UsageError
-from ..git import RepoPaths, first_line, git
-from ..repo import locate, rev
-from ..run import RunRecord, RunStatus, now
-from ..spec import RunSpec
-from ..store import SqliteStore, store_url
-from ..workspaces.boxout import land
-from ..workspaces.transfer import Staging, base_bundle, bundle_ref
+from ...errors import OrchError, UsageError
+from ...git import RepoPaths, first_line, git
+from ...repo import locate, rev
+from ...run import RunRecord, RunStatus, now
+from ...spec import RunSpec
+from ...store import SqliteStore, store_url
+from ...workspaces.boxout import land
+from ...workspaces.transfer import Staging, base_bundle, bundle_ref
 from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
 
 if TYPE_CHECKING:
-    from ..runner import Runner
+    from ...runner import Runner
 
 # What a node's environment gets from the spawner's (through the object store, never stored).
 FORWARDED_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "ORCH_STORE")
