@@ -16,7 +16,7 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +51,25 @@ class NotOurs(OSError):
     """The process listening on the socket is another user's."""
 
 
-def connect(sock_path: Path, timeout: float | None = None) -> socket.socket:
-    """A connection to the process listening on ``sock_path``, checked to be one of our
-    uid; OSError when nobody answers, :class:`NotOurs` when another user does."""
+def _at(
+    sock_path: Path, act: Callable[[socket.socket, str], None], timeout: float | None
+) -> socket.socket:
+    """A new Unix socket that ``act`` bound or connected to ``sock_path`` (closed on OSError)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
     try:
         with address(sock_path) as addr:
-            sock.connect(addr)
+            act(sock, addr)
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+def connect(sock_path: Path, timeout: float | None = None) -> socket.socket:
+    """A connection to the process listening on ``sock_path``, checked to be one of our
+    uid; OSError when nobody answers, :class:`NotOurs` when another user does."""
+    sock = _at(sock_path, socket.socket.connect, timeout)
     if peer(sock)[1] != os.getuid():
         sock.close()
         raise NotOurs(f"{sock_path.name} belongs to another user")
@@ -71,16 +79,11 @@ def connect(sock_path: Path, timeout: float | None = None) -> socket.socket:
 def listen(sock_path: Path, backlog: int) -> tuple[socket.socket, int]:
     """Bind and listen on ``sock_path`` (mode 0600; a file left there is replaced: the
     caller holds the lock, so nobody answers on it); returns the socket and the inode."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()
     old = os.umask(0o177)
     try:
-        with address(sock_path) as addr:
-            sock.bind(addr)
-    except OSError:
-        sock.close()
-        raise
+        sock = _at(sock_path, socket.socket.bind, None)
     finally:
         os.umask(old)
     sock.listen(backlog)

@@ -173,9 +173,11 @@ class RayExecutor:
             _probe(where)
             try:
                 ray.init(
-                    address=where, namespace="orch", log_to_driver=False,
+                    address=where,
+                    namespace="orch",
+                    log_to_driver=False,
                     logging_level=logging.ERROR,
-                )  # fmt: skip
+                )
             except Exception as e:  # whatever Ray raises: one line, never a crash of ours
                 why = first_line(str(e)) or type(e).__name__
                 raise UsageError(NO_CLUSTER.format(where=where, why=why)) from e
@@ -236,9 +238,12 @@ class RayExecutor:
         text = f"failed on {where}: {why}" if crashed else f"interrupted: {where} was lost ({why})"
         for run in [current, *store.descendants(record.run_id)]:
             ended = store.end_if_active(
-                run.run_id, status=status, error=text, output=run.output or run.summary,
+                run.run_id,
+                status=status,
+                error=text,
+                output=run.output or run.summary,
                 ended_at=now(),
-            )  # fmt: skip
+            )
             if ended is not None:
                 store.add_event(run.run_id, "run_finished", {"status": status.value, "error": text})
         return store.require_run(record.run_id)
