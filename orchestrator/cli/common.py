@@ -58,7 +58,7 @@ err = Console(**ERR)
 
 def reset_consoles() -> None:
     """Detect the terminal again (colour, width) for the standard streams this process has
-    now: a command forked from the warm process got the caller's (``warmserve.py``)."""
+    now: a command forked from the warm process got the caller's (``warm/server.py``)."""
     out.__init__(**OUT)  # type: ignore[misc]
     err.__init__(**ERR)  # type: ignore[misc]
 

@@ -439,7 +439,7 @@ _register_subapps()
 @functools.cache
 def command() -> Any:
     """The app as a click command, built once: building it reads the signature of every
-    command (tens of ms); the warm process builds it before it forks (``warmserve.py``)."""
+    command (tens of ms); the warm process builds it before it forks (``warm/server.py``)."""
     return typer.main.get_command(app)
 
 
