@@ -474,3 +474,32 @@ def test_a_command_holds_no_descriptor_of_the_warm_process(w: Warm) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
+
+
+def test_the_warm_process_sits_above_the_cli() -> None:
+    """The warm process imports the CLI; nothing of the CLI, the engine or ``process/``
+    imports it (only the entry point does), and its client needs nothing but the standard
+    library and ``process/``'s standard-library modules."""
+    import ast
+
+    package = Path(__file__).resolve().parent.parent / "orchestrator"
+    importers = set()
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # resolve ``from ..warm import x`` against the module's folder
+                    parts = list(rel.parent.parts)[: len(rel.parent.parts) - node.level + 1]
+                    base = ".".join(["orchestrator", *parts, *([base] if base else [])])
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n == "orchestrator.warm" or n.startswith("orchestrator.warm.") for n in names):
+                importers.add(rel.as_posix())
+    assert importers - {"__main__.py"} <= {"warm/client.py", "warm/server.py"}
+    assert "__main__.py" in importers
+    client = ast.parse((package / "warm" / "client.py").read_text())
+    froms = {n.module for n in ast.walk(client) if isinstance(n, ast.ImportFrom) and n.level}
+    assert froms == {"process.unixsock", "process.warmhome"}
