@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from store import _row, stop_warm  # noqa: E402  (bench/store.py)
 
-from orchestrator import warm  # noqa: E402
+from orchestrator.process import warmhome as warm  # noqa: E402
 from orchestrator.run import RunStatus  # noqa: E402
 from orchestrator.store import SqliteStore  # noqa: E402
 

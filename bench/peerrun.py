@@ -210,8 +210,8 @@ def _cmdline(pid: int) -> str:
 
 
 def is_warm(pid: int) -> bool:
-    """orch's warm process (it outlives a run by design; see orchestrator/warm.py)."""
-    return "orchestrator.warmserve" in _cmdline(pid)
+    """orch's warm process (it outlives a run by design; see orchestrator/warm/)."""
+    return "orchestrator.warm.server" in _cmdline(pid)
 
 
 def children_cpu_ms(pids: list[int]) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import warm  # noqa: E402
+from orchestrator.process import warmhome as warm  # noqa: E402
 from orchestrator.run import Activity, RunRecord, RunStatus, Usage  # noqa: E402
 from orchestrator.store import SqliteStore  # noqa: E402
 

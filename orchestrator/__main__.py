@@ -1,10 +1,10 @@
 """The ``orch`` command (and ``python -m orchestrator``): the warm process runs it if one
-answers (``warm.py``), else this process does."""
+answers (``warm/``), else this process does."""
 
 import os
 import sys
 
-from orchestrator.warm import run
+from orchestrator.warm.client import run
 
 
 def main() -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .background import me, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .errors import OrchError
 from .guidance import ALIASES, resolve_agent
 from .models import ModelProvider
 from .policy import child_tools
+from .process.owner import me, this_node
 from .run import RunRecord, first_line, new_chain_id, new_run_id
 from .spec import Budgets, Launch, RunPlan, RunSpec
 from .store import RunStore

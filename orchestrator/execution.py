@@ -20,7 +20,7 @@ from typing import Protocol
 from weakref import WeakValueDictionary
 
 from .agent import AgentRun, LoopOutcome, RunContext
-from .background import me, this_node
+from .process.owner import me, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Engine

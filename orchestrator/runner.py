@@ -34,7 +34,6 @@ from weakref import WeakValueDictionary
 
 from .admission import Admission
 from .agent import LoopOutcome
-from .background import spawn_worker, supervised
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import Executor, RunHandle, spawned_event
@@ -44,6 +43,7 @@ from .gate import Places
 from .models import ModelProvider
 from .paths import project_root
 from .policy import scrubbed_env
+from .process.owner import supervised
 from .run import RunRecord, RunStatus
 from .spec import Launch, RunSpec
 from .store import RunStore
@@ -51,7 +51,6 @@ from .tools import builtin_tools
 from .tools.base import Tool, ToolRegistry
 from .tools.delegate import delegation_tools
 from .workspaces import Workspace
-from .workspaces.base import process_start
 
 
 class Driver(Protocol):
@@ -104,13 +103,12 @@ class Runner:
 
     # -- starting runs ------------------------------------------------------------------
     async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
-        """Store the run ``queued`` and start it; refusals raise OrchError, nothing stored."""
+        """Store the run ``queued`` and start it (a background root: only stored, for the
+        caller to detach, ``process/detach.py``); refusals raise OrchError, nothing stored."""
         record = self._admit(spec, driver)
         if record.parent_run_id is None and record.background and driver is None:
             self.live.pop(record.run_id, None)
-            pid = spawn_worker(project_root(spec.workdir), record.run_id)
-            record = self.store.update_run(record.run_id, pid=pid, pid_start=process_start(pid))
-            return RunHandle(record, None)
+            return RunHandle(record, None)  # stored, unstarted: the CLI detaches it
         return RunHandle(record, self._start(self.live[record.run_id], driver))
 
     async def adopt(self, run_id: str, *, workdir: Path | None = None) -> RunRecord:

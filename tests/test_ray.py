@@ -407,8 +407,8 @@ def test_a_nodes_result_may_only_name_orch_branches_it_holds(tmp_path: Path) -> 
     """A node's answer is data: refs outside orch/*, or heads its bundle does not hold,
     are refused before any ref moves."""
     from orchestrator.errors import OrchError
-    from orchestrator.executors.node import NodeResult
-    from orchestrator.executors.raycluster import RayExecutor
+    from orchestrator.process.cluster.driver import RayExecutor
+    from orchestrator.process.cluster.node import NodeResult
     from orchestrator.repo import discover_sync
     from orchestrator.run import RunRecord
     from tests.support import harness
@@ -476,7 +476,8 @@ def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Pa
     """A pid means nothing on another node: a run owned there stays while its heartbeat is
     fresh (even if that pid is dead here, or alive here as something else) and becomes
     interrupted once it is stale, with nothing of it reaped here."""
-    from orchestrator import background
+    from orchestrator.process import owner as background
+    from orchestrator.process.reconcile import reconcile
     from orchestrator.run import RunRecord, RunStatus, now
     from orchestrator.store import SqliteStore
 
@@ -492,13 +493,13 @@ def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Pa
         store.create_run(rec)
     store.register_resource(remote.run_id, "pgroup", "1:0")  # pid 1's group: never ours
     store.heartbeat([remote.run_id, remote_init.run_id])
-    fixed = {r.run_id for r in background.reconcile(store)}
+    fixed = {r.run_id for r in reconcile(store)}
     assert fixed == {mine_dead.run_id}  # a dead local pid; the remote ones beat
     # stale heartbeats: both remote runs are gone, whatever their pid is here
     store.update_run(remote.run_id, started_at=now() - 3600)
     with store.dialect.transaction() as query:
         query("UPDATE runs SET heartbeat_at = ?", (now() - background.REMOTE_STALE_S - 5,))
-    ended = {r.run_id: r for r in background.reconcile(store)}
+    ended = {r.run_id: r for r in reconcile(store)}
     assert set(ended) == {remote.run_id, remote_init.run_id}
     assert all(r.status == RunStatus.INTERRUPTED for r in ended.values())
     assert "on elsewhere/ray-12345678 is gone" in (ended[remote.run_id].error or "")
@@ -572,8 +573,8 @@ def test_a_worktree_child_on_a_node_cannot_read_the_spawners_store(
 def test_a_node_runs_with_the_spawners_api_settings_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node's own base URL (or token) never pairs with the spawner's key: a name the
     spawner does not set is unset for the run, and everything is back afterwards."""
-    from orchestrator.executors.node import spawner_env
-    from orchestrator.executors.raycluster import FORWARDED_ENV
+    from orchestrator.process.cluster.driver import FORWARDED_ENV
+    from orchestrator.process.cluster.node import spawner_env
 
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://node-own.invalid")
     monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "node-token")

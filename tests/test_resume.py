@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.background import reconcile
 from orchestrator.cli.common import open_project
 from orchestrator.config import Settings
 from orchestrator.definitions import load_catalog
 from orchestrator.errors import OrchError
 from orchestrator.models import ModelProvider
+from orchestrator.process.reconcile import reconcile
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec

@@ -1,4 +1,4 @@
-"""The warm process (``orchestrator/warm.py``, ``warmserve.py``): real processes end to end.
+"""The warm process (``orchestrator/warm/``): real processes end to end.
 
 The first command runs in its own process and starts a warm process; later ones with the
 same environment are forked from it, in the caller's directory and with its streams,
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import warm
+from orchestrator.process import inherit, warmhome
 from orchestrator.store import open_store
+from orchestrator.warm import client as warm
 from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
 from tests.support import alive, gone, host_pids, init_repo, need_bwrap, none_left, wait_for
 
@@ -54,7 +55,7 @@ class Warm:
         return sorted(where.glob("*.sock")) if where.is_dir() else []
 
     def pids(self) -> list[int]:
-        return [pid for path in self.sockets() if (pid := warm.owner(path)) is not None]
+        return [pid for path in self.sockets() if (pid := warmhome.owner(path)) is not None]
 
     def started(self) -> int:
         """Start a warm process (a first command) and return its pid once it answers."""
@@ -210,40 +211,40 @@ def test_the_key_changes_with_what_a_command_inherits(
     code = tmp_path / "code"
     code.mkdir()
     (code / "m.py").write_text("x = 1\n")
-    monkeypatch.setattr(warm, "CODE", code)
-    base = warm.key()
+    monkeypatch.setattr(inherit, "CODE", code)
+    base = warmhome.warm_key()
     monkeypatch.setenv("PWD", "/elsewhere")  # volatile: the same warm process
-    assert warm.key() == base
+    assert warmhome.warm_key() == base
     monkeypatch.setenv("ORCH_MODEL", "haiku")
-    assert warm.key() != base
+    assert warmhome.warm_key() != base
     monkeypatch.delenv("ORCH_MODEL")
-    assert warm.key() == base
+    assert warmhome.warm_key() == base
     os.utime(code / "m.py", ns=(1, 1))  # orch's code changed: a new warm process
-    assert warm.key() != base
+    assert warmhome.warm_key() != base
 
 
 def test_the_warm_directory_must_be_closed_to_others(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert warm.warm_dir() == tmp_path / ".orch" / "warm"
+    assert warmhome.warm_dir() == tmp_path / ".orch" / "warm"
     (tmp_path / ".orch" / "warm").chmod(0o755)
-    assert warm.warm_dir() is None  # then every command runs in its own process
+    assert warmhome.warm_dir() is None  # then every command runs in its own process
     assert warm.run(["ps"]) is None
 
 
 def test_a_warm_process_that_cannot_start_is_not_tried_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from orchestrator import warmserve
+    from orchestrator.warm import server as warmserve
 
     def broken() -> None:
         raise ImportError("no module named 'anthropic'")
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("ORCH_WARM_IDLE", "30")
-    monkeypatch.setattr(warmserve, "_preload", broken)
-    k = warm.key()
+    monkeypatch.setattr(warmserve, "preload", broken)
+    k = warmhome.warm_key()
     lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
     warmserve.serve(k, lock, list(sys.path))  # returns: nothing is served
     os.close(lock)
@@ -313,14 +314,14 @@ def test_a_refused_caller_runs_the_command_itself_with_its_signals(w: Warm) -> N
 def test_limits_and_priority_are_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
-    base = warm.key()
+    base = warmhome.warm_key()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512) - 1, hard))
     try:
-        assert warm.key() != base  # `ulimit -n` differs: another warm process
+        assert warmhome.warm_key() != base  # `ulimit -n` differs: another warm process
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert warm.key() == base
+    assert warmhome.warm_key() == base
 
 
 def test_a_closed_standard_stream_runs_the_command_alone(w: Warm) -> None:
@@ -339,7 +340,8 @@ def test_a_closed_standard_stream_runs_the_command_alone(w: Warm) -> None:
 _ATTACKER = """
 import json, os, sys
 from pathlib import Path
-from orchestrator import warm
+from orchestrator.process.unixsock import connect
+from orchestrator.warm import client as warm
 
 [path] = sorted(Path({home!r}, ".orch", "warm").glob("*.sock"))  # the user's warm process
 
@@ -347,7 +349,7 @@ from orchestrator import warm
 def ask(argv, env):
     os.environ.clear()
     os.environ.update(env)
-    relay = warm._Relay(warm._connect(path))  # orch's own client, on a socket not its key's
+    relay = warm._Relay(connect(path))  # orch's own client, on a socket not its key's
     code = relay.run(argv)
     print("ATTACK " + json.dumps({{"code": code, "forked": relay.pidfd is not None}}), flush=True)
 
@@ -436,9 +438,10 @@ def test_a_caller_with_tighter_limits_is_refused(w: Warm, how: str) -> None:
     code = f"""
 import os, resource
 from pathlib import Path
-from orchestrator import warm
+from orchestrator.process.unixsock import connect
+from orchestrator.warm import client as warm
 {TIGHTER[how]}
-relay = warm._Relay(warm._connect(Path({str(path)!r})))
+relay = warm._Relay(connect(Path({str(path)!r})))
 print("GOT", relay.run(["ps"]), relay.pidfd)
 """
     r = subprocess.run([sys.executable, "-c", code], cwd=w.repo, env=w.env, capture_output=True,
@@ -471,3 +474,32 @@ def test_a_command_holds_no_descriptor_of_the_warm_process(w: Warm) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
+
+
+def test_the_warm_process_sits_above_the_cli() -> None:
+    """The warm process imports the CLI; nothing of the CLI, the engine or ``process/``
+    imports it (only the entry point does), and its client needs nothing but the standard
+    library and ``process/``'s standard-library modules."""
+    import ast
+
+    package = Path(__file__).resolve().parent.parent / "orchestrator"
+    importers = set()
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # resolve ``from ..warm import x`` against the module's folder
+                    parts = list(rel.parent.parts)[: len(rel.parent.parts) - node.level + 1]
+                    base = ".".join(["orchestrator", *parts, *([base] if base else [])])
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n == "orchestrator.warm" or n.startswith("orchestrator.warm.") for n in names):
+                importers.add(rel.as_posix())
+    assert importers - {"__main__.py"} <= {"warm/client.py", "warm/server.py"}
+    assert "__main__.py" in importers
+    client = ast.parse((package / "warm" / "client.py").read_text())
+    froms = {n.module for n in ast.walk(client) if isinstance(n, ast.ImportFrom) and n.level}
+    assert froms == {"process.unixsock", "process.warmhome"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hostlink import ask
+from orchestrator.process.detach import ask
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.store import SqliteStore, open_store
 from tests.fakeapi import FakeAPI, serve, text_reply
@@ -186,7 +186,7 @@ def test_sigterm_cancels_runs_the_normal_way_and_keeps_worktree_work(
 LAUNCHER = """
 import sys, time
 from pathlib import Path
-import orchestrator.hostlink, orchestrator.runner
+import orchestrator.process.detach, orchestrator.runner
 from orchestrator.cli.main import main
 go = Path(sys.argv[1])
 (go.parent / f"ready-{sys.argv[2]}").write_text("")
@@ -272,7 +272,7 @@ def _stop(project: Path, host: int) -> None:
 _TIGHTER = """
 import json, resource, sys
 from pathlib import Path
-from orchestrator.hostlink import ask
+from orchestrator.process.detach import ask
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), min(hard, 256)))
 print(ask(Path(sys.argv[1]), {"run_id": "r-000000000000", "env": json.loads(sys.argv[2])}))
@@ -419,10 +419,10 @@ def test_launchers_with_other_environments_get_hosts_of_their_own(project: Path)
 _LAUNCHER = """
 import sys
 from pathlib import Path
-from orchestrator import hostlink
+from orchestrator.process import detach
 
 [user] = Path(".orch").glob("host-*.sock")  # the user's host, named for the user's environment
-hostlink.paths = lambda state, key: (user.resolve(), state / f"host-{key}.lock")
+detach.paths = lambda state, key: (user.resolve(), state / f"host-{key}.lock")
 sys.argv = ["orch", "task", "INNER", "--background", "--json"]
 from orchestrator.cli.main import main
 main()
@@ -463,3 +463,26 @@ def test_the_host_runs_no_run_in_an_environment_its_launcher_lacks(project: Path
         os.kill(host, signal.SIGTERM)
         assert gone(host, timeout=20)
     assert none_left(f"-C {project}")
+
+
+def test_the_host_key_changes_with_orch_sources(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An edit of orch's code gets a new worker host (as it gets a new warm process): a
+    running host never serves old code. One digest of what a process inherits keys both."""
+    from orchestrator.process import inherit
+    from orchestrator.process.detach import host_key
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "m.py").write_text("x = 1\n")
+    monkeypatch.setattr(inherit, "CODE", code)
+    base = host_key(None)
+    monkeypatch.setenv("PWD", "/elsewhere")  # volatile: the same host
+    assert host_key(None) == base
+    (code / "m.py").write_text("x = 22\n")  # a source file edited
+    edited = host_key(None)
+    assert edited != base
+    (code / "n.py").write_text("")  # a source file added
+    assert host_key(None) not in (base, edited)
+    assert host_key("postgresql://u@127.0.0.1/orch") != host_key(None)  # another store

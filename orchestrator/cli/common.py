@@ -20,10 +20,10 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ..agent_trust import load_trusted
-from ..background import reconcile
 from ..config import Settings
 from ..errors import NotFound, OrchError, UsageError
 from ..paths import project_root
+from ..process.reconcile import reconcile
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, open_store
 from ..trust import Trust, TrustCap
@@ -58,7 +58,7 @@ err = Console(**ERR)
 
 def reset_consoles() -> None:
     """Detect the terminal again (colour, width) for the standard streams this process has
-    now: a command forked from the warm process got the caller's (``warmserve.py``)."""
+    now: a command forked from the warm process got the caller's (``warm/server.py``)."""
     out.__init__(**OUT)  # type: ignore[misc]
     err.__init__(**ERR)  # type: ignore[misc]
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..background import reconcile
 from ..errors import UsageError
+from ..process.reconcile import reconcile
 from ..run import RunRecord, RunResult, RunStatus
 from .common import (
     ISOLATION_HELP,
@@ -123,7 +123,9 @@ def is_git_repo(path: Path) -> bool:
 
 def run_tree(runner: Runner, spec: RunSpec, view: LiveView | None = None) -> RunRecord:
     """Run a root spec to its end (shown by ``view`` meanwhile, if given); in the
-    background: store it and start its worker."""
+    background: store it, then detach it (out of the event loop: it may wait for a host)."""
+    from ..paths import project_root
+    from ..process.detach import detach
 
     async def go() -> RunRecord:
         async with runner.models:
@@ -133,7 +135,10 @@ def run_tree(runner: Runner, spec: RunSpec, view: LiveView | None = None) -> Run
             with view(handle.record) if view else contextlib.nullcontext():
                 return await runner.run_handle(handle)
 
-    return asyncio.run(go())
+    record = asyncio.run(go())
+    if spec.background:
+        record = detach(project_root(spec.workdir), record, runner.store, runner.settings.store)
+    return record
 
 
 def report(
@@ -450,7 +455,7 @@ _register_subapps()
 @functools.cache
 def command() -> Any:
     """The app as a click command, built once: building it reads the signature of every
-    command (tens of ms); the warm process builds it before it forks (``warmserve.py``)."""
+    command (tens of ms); the warm process builds it before it forks (``warm/server.py``)."""
     return typer.main.get_command(app)
 
 

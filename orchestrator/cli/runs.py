@@ -14,8 +14,9 @@ import typer
 from rich.live import Live
 from rich.text import Text
 
-from ..background import owner_alive, reap, reconcile, this_node
 from ..errors import OrchError
+from ..process.owner import owner_alive, this_node
+from ..process.reconcile import reap, reconcile
 from ..run import EXIT_CODES, RunRecord, RunStatus, first_line, now
 from ..store import RunStore
 from .common import (
@@ -301,9 +302,15 @@ def worker(
     workdir: WorkdirOpt = None,
 ) -> None:
     """(internal) Run a queued run detached from any terminal."""
-    from .engine import worker_runner
+    from ..process.executor import attach
+    from ..process.rebuild import recipe
+    from .common import announce_trust, open_project
 
-    runner, _ = worker_runner(workdir or Path.cwd(), run_id)
+    project = open_project(workdir or Path.cwd(), quiet=True)
+    made = recipe(project.workdir, project.store.require_run(run_id).launch)
+    if made.trust is not None:
+        announce_trust(made.trust)  # (into the run's log)
+    runner = attach(made.runner(project.store))
 
     async def go() -> RunRecord:
         async with runner.models:
@@ -321,17 +328,17 @@ def host(
     workdir: WorkdirOpt = None,
 ) -> None:
     """(internal) The worker host of a state dir: runs many detached runs in one process."""
-    from ..hostlink import store_setting
+    from ..agent_trust import load_trusted
     from ..paths import project_root
+    from ..process.workerhost import serve
     from ..store import open_store
-    from ..workerhost import serve
-    from .engine import host_engine, not_dumpable
+    from .engine import not_dumpable
 
     not_dumpable()
     root = project_root(workdir or Path.cwd())
-    store = open_store(root, store_setting(root))  # the launcher's (its key says which)
+    store = open_store(root, load_trusted(root)[0].store)  # the launcher's (its key says which)
     first = (run, launcher) if run else None
-    raise typer.Exit(serve(root, key, store, host_engine, lock_fd=lock_fd, first=first))
+    raise typer.Exit(serve(root, key, store, lock_fd=lock_fd, first=first))
 
 
 def logs(

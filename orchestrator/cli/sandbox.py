@@ -162,7 +162,7 @@ def ps_cmd(as_json: JsonFlag = False) -> None:
 def prune_cmd(workdir: WorkdirOpt = None, as_json: JsonFlag = False) -> None:
     """Remove orch containers whose owner process is gone (first, the ended runs of this
     project that own one get their work saved to their branches)."""
-    from ..background import reconcile
+    from ..process.reconcile import reconcile
     from ..store import open_store
     from ..workspaces.container.docker import reap_by_label
 

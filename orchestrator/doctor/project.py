@@ -184,7 +184,7 @@ def _off() -> str | None:
 
 
 def _listener(sock: Path) -> int | None:
-    from ..warm import owner
+    from ..process.warmhome import owner
 
     if not sock.exists():
         return None
@@ -194,7 +194,7 @@ def _listener(sock: Path) -> int | None:
 
 
 def _warm() -> Check:
-    from .. import warm
+    from ..process import warmhome as warm
 
     if (off := _off()) is not None:
         return Check(name="warm", status=Status.OK, detail=off)
@@ -205,7 +205,7 @@ def _warm() -> Check:
     if not home:
         return Check(name="warm", status=Status.OK, detail="off (HOME is not set)")
     where = Path(home) / ".orch" / "warm"
-    key = warm.key()
+    key = warm.warm_key()
     pid = _listener(where / f"{key}.sock")
     if pid is not None:
         detail = f"running (pid {pid}) for this environment; it exits after {idle:g} s idle"
@@ -226,14 +226,14 @@ def _warm() -> Check:
 
 
 def _worker_host(workdir: Path, settings: Settings) -> Check:
-    from ..hostlink import env_key, paths
     from ..paths import project_root
+    from ..process.detach import host_key, paths
     from ..store.base import state_path
 
     if (off := _off()) is not None:
         return Check(name="worker-host", status=Status.OK, detail=off)
     try:
-        key = env_key(settings.store)
+        key = host_key(settings.store)
     except OrchError as e:  # a bad ORCH_STORE: the store check says it
         return Check(name="worker-host", status=Status.SKIP, detail=f"not checked ({e})")
     state = state_path(project_root(workdir))

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol, Self
 from pydantic import BaseModel, ConfigDict
 
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
+from ..process.owner import process_start as process_start  # (its one home: process/owner.py)
 from ..statedir import sign
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
@@ -218,14 +219,6 @@ def _stat(pid: int | str) -> list[str] | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[1].split()
-
-
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None if gone or a zombie)."""
-    fields = _stat(pid)
-    if fields is None or fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 def group_ref(pgid: int) -> str:

@@ -1,4 +1,4 @@
-"""The warm process itself (see ``warm.py``): import everything once, fork per command.
+"""The warm process itself (see ``__init__.py``): import everything once, fork per command.
 
 One thread, no event loop: a ``selectors`` loop over the listening socket, the callers of
 live commands and a self-pipe for ``SIGCHLD``. Per command: check the peer, take its argv,
@@ -30,19 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .warm import (
-    MAX_MESSAGE,
-    RELAYED,
-    _namespaces,
-    _send,
-    address,
-    idle_seconds,
-    inherited,
-    peer,
-    warm_dir,
-)
+from ..process.inherit import inherited
+from ..process.unixsock import listen, peer, send, unlink_if_ours
+from ..process.warmhome import idle_seconds, warm_dir
+from .client import MAX_MESSAGE, RELAYED
 
 ACCEPT_TIMEOUT_S = 2.0  # a caller sends its command right after connecting
+NAMESPACES = ("mnt", "pid", "net", "user")
 
 
 @dataclass(frozen=True)
@@ -57,18 +51,30 @@ class Command:
     ignored: list[int]
 
 
-def _preload() -> None:
-    """What commands import: the CLI, the engine, the tools and the model SDK."""
+PRELOADED = (  # and every model provider's (models.preload_modules)
+    "orchestrator.runner",
+    "orchestrator.team",
+    "orchestrator.workspaces.registry",
+    "orchestrator.cli.engine",
+)
+
+
+def _namespaces(pid: int | str) -> list[str]:
+    return [os.readlink(f"/proc/{pid}/ns/{ns}") for ns in NAMESPACES]
+
+
+def preload() -> None:
+    """What the warm process imports once for every command: the CLI (every command and
+    sub-app, built once here), the engine, the tools and the model providers
+    (:data:`PRELOADED`). The one place that says what is preloaded."""
     import importlib
 
-    import orchestrator.cli.main  # every command and sub-app
+    import orchestrator.cli.main
 
-    orchestrator.cli.main.command()  # built once here, not in every command
+    from ..models import preload_modules
 
-    from .models import preload_modules
-
-    for name in ("orchestrator.runner", *preload_modules(), "orchestrator.team",
-                 "orchestrator.workspaces.registry", "orchestrator.cli.engine"):  # fmt: skip
+    orchestrator.cli.main.command()
+    for name in (*PRELOADED, *preload_modules()):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
 
@@ -98,8 +104,8 @@ def _child(conn: socket.socket, fds: list[int], command: Command) -> None:
         main_module = types.ModuleType("__main__")  # the caller's, as click names the program
         main_module.__package__ = command.package
         sys.modules["__main__"] = main_module
-        from .cli.common import reset_consoles
-        from .cli.main import main
+        from ..cli.common import reset_consoles
+        from ..cli.main import main
 
         reset_consoles()
         main()  # leaves with os._exit
@@ -121,7 +127,7 @@ def adopt_environment(env: dict[bytes, bytes]) -> None:
     reads when a command asks (the consoles are made after this)."""
     import tempfile
 
-    from .bwrapfind import forget
+    from ..bwrapfind import forget
 
     os.environb.clear()
     os.environb.update(env)
@@ -135,9 +141,11 @@ def _writer(fd: int, like: Any) -> io.TextIOWrapper:
     tty = os.isatty(fd)
     return io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
-        encoding=getattr(like, "encoding", None), errors=getattr(like, "errors", None),
-        line_buffering=tty, write_through=fd == 2,
-    )  # fmt: skip
+        encoding=getattr(like, "encoding", None),
+        errors=getattr(like, "errors", None),
+        line_buffering=tty,
+        write_through=fd == 2,
+    )
 
 
 class Server:
@@ -275,7 +283,7 @@ class Server:
         self.children[pid] = conn
         self.buffers[conn] = b""
         self.sel.register(conn, selectors.EVENT_READ, pid)
-        _send(conn, {"pid": pid})
+        send(conn, {"pid": pid})
 
     def _from_caller(self, conn: socket.socket) -> None:
         pid = self.sel.get_key(conn).data
@@ -309,9 +317,9 @@ class Server:
             if conn is None:
                 continue
             if os.WIFSIGNALED(status):
-                _send(conn, {"signal": os.WTERMSIG(status)})
+                send(conn, {"signal": os.WTERMSIG(status)})
             else:
-                _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                send(conn, {"exit": os.waitstatus_to_exitcode(status)})
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(conn)
             self.buffers.pop(conn, None)
@@ -345,7 +353,7 @@ def _drop(conn: socket.socket, fds: list[int], error: str | None = None) -> None
     for fd in fds:
         os.close(fd)
     if error is not None:
-        _send(conn, {"error": error})
+        send(conn, {"error": error})
     conn.close()
 
 
@@ -363,12 +371,6 @@ def _hung_up(conn: socket.socket) -> bool:
         conn.settimeout(timeout)
 
 
-def unlink_if_ours(path: Path, ino: int) -> None:
-    with contextlib.suppress(OSError):
-        if os.lstat(path).st_ino == ino:
-            path.unlink()
-
-
 def serve(key: str, lock_fd: int, path: list[str]) -> None:
     """Run a warm process for ``key`` holding ``lock_fd`` until it has been idle long enough."""
     sys.path[:] = path
@@ -377,7 +379,7 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
         return
     os.set_inheritable(lock_fd, False)
     try:
-        _preload()
+        preload()
         problem = None
     except Exception as e:  # noqa: BLE001 - whatever it is, commands run alone (and say it)
         problem = f"importing orch failed: {type(e).__name__}: {e}"
@@ -390,23 +392,13 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(problem + "\n")
         return
-    from .cli.engine import not_dumpable
+    from ..cli.engine import not_dumpable
 
     not_dumpable()  # it holds the API key: its /proc entries are closed to our own uid
     gc.collect()
     gc.freeze()  # the forked children do not dirty the preloaded objects' pages
     sock_path = where / f"{key}.sock"
-    with contextlib.suppress(FileNotFoundError):
-        sock_path.unlink()  # left by a dead one: we hold the lock
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old = os.umask(0o177)
-    try:
-        with address(sock_path) as name:
-            listener.bind(name)
-    finally:
-        os.umask(old)
-    listener.listen(64)
-    ino = os.lstat(sock_path).st_ino
+    listener, ino = listen(sock_path, 64)  # (one left by a dead one goes: we hold the lock)
     try:
         Server(listener, sock_path, ino, lock_fd).loop()
     finally:

@@ -1,9 +1,9 @@
 """The worker host: one long-lived detached process that runs many background runs.
 
 ``orch task --background`` hands its queued run over a Unix socket in the state dir
-(``hostlink.py`` is that side, and starts a host when none answers). The host adopts
+(``detach.py`` is that side, and starts a host when none answers). The host adopts
 each run in its one event loop: the run's record gets the host as its owner (pid and
-start time), one :class:`~orchestrator.background.Supervisor` beats the heartbeats of
+start time), one :class:`~orchestrator.process.owner.Supervisor` beats the heartbeats of
 all its runs and obeys ``orch cancel``, and if the host dies, the next command's
 reconcile ends its runs ``interrupted``, as for a worker of its own.
 
@@ -14,8 +14,8 @@ sees the host's: a launcher without the API key, or with tighter limits, gets a 
 its own instead), and names a run of this store that is a queued background root still
 owned by the peer that asks (the launcher that just queued it).
 
-Engines: runs whose project, launch options (model, agent dirs, flags, trust cap),
-settings and catalog are the same share one runner (one model client); a scripted model
+Recipes (``rebuild.py``): runs whose project, launch (model, agent dirs, flags, trust
+cap), settings and catalog are the same share one runner (one model client); a scripted model
 plays its script once per run, so each scripted run has a runner of its own, as it had
 a process of its own. The host exits ``host_idle_seconds`` (``ORCH_HOST_IDLE``) after
 its last run ended; SIGTERM cancels its runs the normal way and then ends it.
@@ -31,22 +31,23 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .background import Supervisor, me, own_worker
-from .errors import OrchError
-from .hostlink import MAX_LINE, comparable_env, paths
-from .paths import project_root
-from .run import RunRecord, RunStatus
-from .store import RunStore, state_dir
-from .warm import address, inherited, peer
-from .workspaces.base import process_start
+from ..errors import OrchError
+from ..paths import project_root
+from ..run import RunRecord, RunStatus
+from ..store import RunStore, state_dir
+from .detach import MAX_LINE, own_worker, paths
+from .executor import attach
+from .inherit import comparable_env, inherited
+from .owner import Supervisor, me, process_start
+from .rebuild import Recipe, recipe
+from .unixsock import listen, peer, unlink_if_ours
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from ..runner import Runner
 
 FIRST_RUN_GRACE_S = 10.0  # a new host waits this long for the run of the launcher that started it
 TICK_S = 0.05
@@ -55,26 +56,13 @@ KEEP_IDLE_ENGINES = 8  # runners kept for later runs once their runs ended
 
 
 @dataclass
-class Engine:
-    """What a run needs built, from its launch options (made by ``cli/engine.py``)."""
-
-    key: str  # project, launch options, settings, trust: equal keys (and catalogs) share
-    catalog: object
-    make: Callable[[], Runner]
-    per_run: bool = False  # a runner per run (a scripted model's script is per run)
-    needs_sdk: bool = False  # the model is a provider's API: import its SDK early
-    idle_seconds: float = 60.0  # the project's host_idle_seconds
-
-
-@dataclass
 class Slot:
-    engine: Engine
+    """A runner of the host and the runs it holds."""
+
+    recipe: Recipe
     runner: Runner
     runs: set[str] = field(default_factory=set)
     used: float = field(default_factory=time.monotonic)
-
-
-Prepare = Callable[[RunStore, Path, dict[str, Any]], Engine]
 
 
 def log(message: str) -> None:
@@ -82,21 +70,19 @@ def log(message: str) -> None:
     print(f"{stamp} host {os.getpid()}: {message}", file=sys.stderr, flush=True)
 
 
-def _preimport_sdk() -> None:
-    from .models import preload
+def preload() -> None:
+    """What the host imports early for a model: the model providers' SDKs (~1 s, once)."""
+    from ..models import preload as preload_providers
 
-    preload()  # the model providers' SDKs: ~1 s, once
+    preload_providers()
 
 
 class WorkerHost:
-    def __init__(
-        self, store: RunStore, state: Path, key: str, prepare: Prepare, lock_fd: int | None
-    ) -> None:
+    def __init__(self, store: RunStore, state: Path, key: str, lock_fd: int | None) -> None:
         self.store = store
         self.lock_fd = lock_fd  # held while we answer: no other host starts meanwhile
         self.state = state
         self.sock_path, self.lock_path = paths(state, key)
-        self.prepare = prepare
         self.slots: list[Slot] = []
         self.shared: dict[str, Slot] = {}
         self.live: dict[str, asyncio.Task[None]] = {}  # run id -> the task following it
@@ -114,22 +100,12 @@ class WorkerHost:
 
     # -- the socket -----------------------------------------------------------------------
     def _listen(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        with contextlib.suppress(FileNotFoundError):
-            self.sock_path.unlink()  # the launcher holds the lock: nobody answers on it
-        with address(self.sock_path) as addr:
-            sock.bind(addr)
-        os.chmod(self.sock_path, 0o600)
-        self._ino = self.sock_path.stat().st_ino
-        sock.listen(128)
+        sock, self._ino = listen(self.sock_path, 128)  # the launcher holds the lock
         sock.setblocking(False)
         return sock
 
     def _unlink(self) -> None:
-        """Remove our socket file (not one a later host put there)."""
-        with contextlib.suppress(OSError):
-            if self.sock_path.stat().st_ino == self._ino:
-                self.sock_path.unlink()
+        unlink_if_ours(self.sock_path, self._ino)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.pending += 1
@@ -201,10 +177,9 @@ class WorkerHost:
             workdir = record.planned().spec.workdir
             if state_dir(project_root(workdir)).resolve() != self.state.resolve():
                 return "the run belongs to another state dir"
-            launch = record.launch.model_dump()
-            slot = self._slot(self.prepare(self.store, workdir, dict(launch)))
-        except Exception as e:  # a run's engine failing to build is that run's, not the host's
-            return f"cannot build its engine: {type(e).__name__}: {e}"
+            slot = self._slot(recipe(workdir, record.launch))
+        except Exception as e:  # a run's runner failing to build is that run's, not the host's
+            return f"cannot build its runner: {type(e).__name__}: {e}"
         handle = slot.runner.start(run_id)  # the job runs from our next await on
         if handle.job is None:
             self._release(slot)
@@ -213,31 +188,31 @@ class WorkerHost:
         pid, pid_start = me()  # ours from now on (the launcher may read it before we answer)
         self.store.update_run(run_id, pid=pid, pid_start=pid_start)
         slot.runs.add(run_id)
-        self.idle_seconds = slot.engine.idle_seconds
-        if slot.engine.needs_sdk and self._sdk is None:
-            self._sdk = asyncio.create_task(asyncio.to_thread(_preimport_sdk), name="orch-sdk")
+        self.idle_seconds = slot.recipe.settings.host_idle_seconds
+        if self._sdk is None and not slot.recipe.scripted:
+            self._sdk = asyncio.create_task(asyncio.to_thread(preload), name="orch-sdk")
         self.live[run_id] = asyncio.create_task(
             self._follow(slot, run_id, handle.job), name=f"orch-host-{run_id}"
         )
         log(f"adopted {run_id} ({len(self.live)} live)")
         return None
 
-    def _slot(self, engine: Engine) -> Slot:
-        current = None if engine.per_run else self.shared.get(engine.key)
-        if current is not None and current.engine.catalog == engine.catalog:
+    def _slot(self, made: Recipe) -> Slot:
+        current = None if made.scripted else self.shared.get(made.key)
+        if current is not None and current.recipe.catalog == made.catalog:
             current.used = time.monotonic()
             return current
-        slot = Slot(engine, engine.make())
+        slot = Slot(made, attach(made.runner(self.store)))
         self.slots.append(slot)
-        if not engine.per_run:
-            self.shared[engine.key] = slot
+        if not made.scripted:
+            self.shared[made.key] = slot
             if current is not None:
                 self._release(current)
         return slot
 
     def _release(self, slot: Slot) -> None:
         """Drop a slot without runs that no later run can share."""
-        if slot.runs or (self.shared.get(slot.engine.key) is slot and not slot.engine.per_run):
+        if slot.runs or (self.shared.get(slot.recipe.key) is slot and not slot.recipe.scripted):
             return
         if slot in self.slots:
             self.slots.remove(slot)
@@ -270,7 +245,7 @@ class WorkerHost:
     def _trim(self) -> None:
         idle = sorted((s for s in self.shared.values() if not s.runs), key=lambda s: s.used)
         for slot in idle[: max(0, len(idle) - KEEP_IDLE_ENGINES)]:
-            del self.shared[slot.engine.key]
+            del self.shared[slot.recipe.key]
             self._release(slot)
 
     def jobs(self) -> dict[str, asyncio.Task[RunRecord]]:
@@ -373,7 +348,6 @@ def serve(
     root: Path,
     key: str,
     store: RunStore,
-    prepare: Prepare,
     *,
     lock_fd: int | None,
     first: tuple[str, int] | None,
@@ -383,7 +357,7 @@ def serve(
     if lock_fd is not None:
         os.set_inheritable(lock_fd, False)  # never held on by a command a run starts
     try:
-        host = WorkerHost(store, state_dir(root), key, prepare, lock_fd)
+        host = WorkerHost(store, state_dir(root), key, lock_fd)
         return asyncio.run(host.serve(root, first))
     finally:
         store.close()

@@ -1,6 +1,6 @@
 """The node's side of a run sent to a Ray cluster: clone, adopt, bring the branches back.
 
-:func:`run_on_node` is what a Ray task executes on a worker node (``raycluster.py``
+:func:`run_on_node` is what a Ray task executes on a worker node (``driver.py``
 submits it). It gets the run id, the spawner's resolved settings, agents and launch
 options, and the run's starting commit as a git bundle; it
 
@@ -30,14 +30,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..background import set_node
-from ..config import Settings
-from ..definitions import Catalog
-from ..git import RepoPaths, git
-from ..models import ModelProvider
-from ..runner import Runner
-from ..spec import Launch
-from ..store import RunStore, SqliteStore, open_store
+from ...config import Settings
+from ...definitions import Catalog
+from ...git import RepoPaths, git
+from ...store import RunStore, SqliteStore, open_store
+from ..owner import set_node
+from ...spec import Launch
+from ..rebuild import recipe
 
 ORCH_PREFIX = "refs/heads/orch/"
 
@@ -123,10 +122,9 @@ async def _run(spec: NodeTask, catalog: Catalog, bundle: bytes, tmp: Path) -> No
     repo = await _clone(spec, bundle, tmp, path)
     settings = Settings.model_validate(spec.settings)
     store = _store(spec, path)
-    provider = ModelProvider(settings, spec.model_spec)
-    runner = Runner(
-        settings=settings, store=store, catalog=catalog, models=provider, launch=spec.launch
-    )
+    # the spawner's launch names its model (``model_spec``, sent apart too)
+    runner = recipe(path, spec.launch, settings=settings, catalog=catalog).runner(store)
+    provider = runner.models
     try:
         async with provider:
             record = await runner.adopt(spec.run_id, workdir=path)

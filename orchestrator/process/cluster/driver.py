@@ -38,19 +38,20 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import OrchError, UsageError
-from ..git import RepoPaths, first_line, git
-from ..models import env_names
-from ..repo import locate, rev
-from ..run import RunRecord, RunStatus
-from ..store import SqliteStore, store_url
-from ..workspaces.container.export import land
-from ..workspaces.container.transfer import Staging, base_bundle, bundle_ref
+from ...errors import OrchError, UsageError
+from ...git import RepoPaths, first_line, git
+from ...models import env_names
+from ...repo import locate, rev
+from ...run import RunRecord, RunStatus
+from ...spec import RunSpec
+from ...store import SqliteStore, store_url
+from ...workspaces.container.export import land
+from ...workspaces.container.transfer import Staging, base_bundle, bundle_ref
 from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
 
 if TYPE_CHECKING:
-    from ..runner import Runner
+    from ...runner import Runner
 
 # What a node's environment gets from the spawner's (through the object store, never stored).
 FORWARDED_ENV = (*env_names(), "ORCH_STORE")  # the model providers' settings, the store
@@ -173,9 +174,11 @@ class RayExecutor:
             _probe(where)
             try:
                 ray.init(
-                    address=where, namespace="orch", log_to_driver=False,
+                    address=where,
+                    namespace="orch",
+                    log_to_driver=False,
                     logging_level=logging.ERROR,
-                )  # fmt: skip
+                )
             except Exception as e:  # whatever Ray raises: one line, never a crash of ours
                 why = first_line(str(e)) or type(e).__name__
                 raise UsageError(NO_CLUSTER.format(where=where, why=why)) from e

@@ -5,7 +5,7 @@ the detached worker a background root is handed to). ``executor = "ray"`` (or
 ``orch task --executor ray``) sends worktree- and container-tier runs to the nodes of a
 Ray cluster:
 
-- ``raycluster.py`` is the spawner's side (:class:`RayExecutor`, the Runner's
+- ``driver.py`` is the spawner's side (:class:`RayExecutor`, the Runner's
   ``Executor``): it bundles the run's starting commit, submits one Ray task per run with
   its resource request, awaits it like a local child, forwards cancellation, and imports
   the work that comes back onto ``orch/<agent>/<id>`` with hardened git;

@@ -1,0 +1,16 @@
+"""orch's own processes, below the CLI and beside the engine (standard library only here:
+the ``orch`` entry point imports ``unixsock``, ``inherit`` and ``warmhome`` first).
+
+- ``owner.py``: who owns a run (identity: ``me``, ``this_node``, ``process_start``) and
+  how it shows it is alive (heartbeats: the ``Supervisor``);
+- ``reconcile.py``: runs whose owner is gone become ``interrupted``; what they left is reaped;
+- ``detach.py``: the CLI's side of a background root: the worker host, else a worker of
+  its own;
+- ``workerhost.py``: the worker host, many detached runs in one process;
+- ``rebuild.py``: the one runner factory (a ``Recipe`` from a run's launch);
+  ``executor.py``: the executor a runner's settings choose;
+- ``cluster/``: Ray (``driver.py`` the spawner's side, ``node.py`` the node's);
+- ``unixsock.py``: the one Unix-socket module (addresses, peer uid, locks, JSON lines);
+- ``inherit.py``: what a process inherits, one digest for the warm and the host keys;
+- ``warmhome.py``: where the warm process (``orchestrator/warm/``, above the CLI) lives.
+"""

@@ -1,0 +1,74 @@
+"""Runs whose owner is gone: reconcile marks them ``interrupted`` and reaps what they left.
+
+Any ``orch`` command first calls :func:`reconcile`: a queued or running run whose owner
+(``owner.py``) is gone becomes ``interrupted`` (its partial output kept), and what it owned
+is reaped: process groups killed, worktrees salvaged (work committed to the branch, never
+deleted), containers salvaged the same way (work exported to the branch) and removed. A
+remote owner's resources are its node's: nothing of them is reaped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from ..run import RunRecord, RunStatus, now
+from ..statedir import verified
+from ..store import RunStore
+from ..workspaces.base import kill_group_ref
+from .owner import foreign, owner_alive
+
+SIGNED = ("pgroup", "container")  # refs signed at registration (statedir.sign)
+
+
+def reap(store: RunStore, run_id: str) -> list[str]:
+    """Reap what a run whose owner is gone left behind; returns what was done."""
+    done: list[str] = []
+    for res in store.resources(run_id):
+        kind, signed = res["kind"], res["ref"]
+        ref = verified(run_id, kind, signed) if kind in SIGNED else signed
+        if ref is None:  # a row this user's orch did not write: nothing of it is touched
+            done.append(
+                f"left {kind} {signed.split(' ')[0][:24]} alone: not registered by this user's orch"
+            )
+        elif kind == "pgroup":
+            if kill_group_ref(ref):
+                done.append(f"killed process group {ref.partition(':')[0]}")
+        elif kind == "worktree":
+            from ..workspaces.worktree import salvage_worktree
+
+            art = asyncio.run(salvage_worktree(Path(ref), run_id, "interrupted", proven=True))
+            if art:
+                done.append(f"kept work on branch {art.get('branch')} at {art.get('commit')}")
+        elif kind in ("container", "checkpoint"):  # work salvaged, then the container removed
+            from ..workspaces.container.export import reap_resource
+
+            done.extend(reap_resource(store.get_run(run_id), kind, ref))
+        store.release_resource(run_id, kind, signed)
+    return done
+
+
+def reconcile(store: RunStore) -> list[RunRecord]:
+    """Mark runs whose owner is gone as interrupted and reap their resources."""
+    fixed: list[RunRecord] = []
+    live = store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING])
+    beats: dict[str, float | None] = {}
+    if any(foreign(rec) for rec in live):  # their heartbeats say whether they are alive
+        beats = {r["run_id"]: r.get("heartbeat_at") for r in store.list_raw(since=now())}
+    for rec in live:
+        if owner_alive(rec, beats.get(rec.run_id)):
+            continue
+        current = store.get_run(rec.run_id)  # the owner may have ended it since the listing
+        if current is None or current.status.ended:
+            continue
+        # a remote owner's resources are on its node: nothing of them is here to reap
+        actions = [] if foreign(rec) else reap(store, rec.run_id)
+        where = f" on {rec.node}" if foreign(rec) else ""
+        error = f"interrupted: owner process {rec.pid}{where} is gone"
+        if actions:
+            error += " (" + "; ".join(actions) + ")"
+        output = current.output or current.summary
+        updated = store.end(rec.run_id, RunStatus.INTERRUPTED, error=error, output=output)
+        if updated is not None:
+            fixed.append(updated)
+    return fixed
