@@ -20,13 +20,13 @@ from typing import Protocol
 from weakref import WeakValueDictionary
 
 from .agent import AgentRun, LoopOutcome, RunContext
-from .process.owner import me, this_node
 from .config import Settings
 from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Engine
 from .errors import OrchError
 from .models import ModelProvider
 from .policy import Policy, run_hooks
+from .process.owner import me, this_node
 from .run import RunRecord, RunStatus, now
 from .spec import RunSpec
 from .store import RunStore, store_paths

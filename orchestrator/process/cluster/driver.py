@@ -43,7 +43,6 @@ from ...git import RepoPaths, first_line, git
 from ...models import env_names
 from ...repo import locate, rev
 from ...run import RunRecord, RunStatus
-from ...spec import RunSpec
 from ...store import SqliteStore, store_url
 from ...workspaces.container.export import land
 from ...workspaces.container.transfer import Staging, base_bundle, bundle_ref

@@ -33,9 +33,9 @@ from pydantic import BaseModel, ConfigDict
 from ...config import Settings
 from ...definitions import Catalog
 from ...git import RepoPaths, git
+from ...spec import Launch
 from ...store import RunStore, SqliteStore, open_store
 from ..owner import set_node
-from ...spec import Launch
 from ..rebuild import recipe
 
 ORCH_PREFIX = "refs/heads/orch/"
