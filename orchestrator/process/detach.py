@@ -40,8 +40,8 @@ from ..errors import OrchError
 from ..run import RunRecord
 from ..statedir import entry, open_log
 from ..store import RunStore, state_dir, store_url
+from ..workspaces.base import process_start
 from .inherit import inheritance, key
-from .owner import process_start
 from .unixsock import Lines, NotOurs, connect, enabled, line, try_lock
 
 START_TIMEOUT_S = 20.0  # racing launchers wait this long for a starting host to answer

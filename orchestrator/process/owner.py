@@ -1,15 +1,16 @@
 """Who owns a run, and how it shows it is alive: identity and heartbeats.
 
 Every run has an owner process (``node`` + ``pid`` + ``pid_start`` in its record):
-:func:`me` and :func:`this_node` say who this process is, :func:`process_start` tells a
-pid from a later process that reuses it, and :func:`owner_alive` says whether a record's
-owner still lives. The owner's :class:`Supervisor` beats the heartbeat of the runs it
-holds and watches the store for cancel requests (``orch cancel`` from another terminal).
-An owner on another node (a Ray node, see ``cluster/``) cannot be asked by pid: it is
-gone once its heartbeat is older than :data:`REMOTE_STALE_S`.
+:func:`me` and :func:`this_node` say who this process is (a pid with its start time,
+``workspaces.base.process_start``, never mistaken for a later process that reuses it),
+and :func:`owner_alive` says whether a record's owner still lives. The owner's
+:class:`Supervisor` beats the heartbeat of the runs it holds and watches the store for
+cancel requests (``orch cancel`` from another terminal). An owner on another node (a Ray
+node, see ``cluster/``) cannot be asked by pid: it is gone once its heartbeat is older
+than :data:`REMOTE_STALE_S`.
 
-This module imports nothing of orch but the run record: the workspaces, the store and
-the engine all ask it.
+This module imports nothing of orch but the run record and the workspaces' process
+identity: the store and the engine ask it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..run import RunRecord, now
+from ..workspaces.base import process_start
 
 HEARTBEAT_S = 1.0
 REMOTE_STALE_S = 30.0  # a remote owner whose heartbeat is older is taken for gone
@@ -77,18 +79,6 @@ def me() -> tuple[int, int | None]:
     if _ME[0] != pid:  # first call, or a forked child
         _ME = (pid, process_start(pid))
     return _ME
-
-
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None if gone or a zombie)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 class Beats(Protocol):

@@ -39,10 +39,11 @@ from ..errors import OrchError
 from ..paths import project_root
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, state_dir
+from ..workspaces.base import process_start
 from .detach import MAX_LINE, own_worker, paths
 from .executor import attach
 from .inherit import comparable_env, inherited
-from .owner import Supervisor, me, process_start
+from .owner import Supervisor, me
 from .rebuild import Recipe, recipe
 from .unixsock import listen, peer, unlink_if_ours
 

@@ -26,7 +26,6 @@ from typing import Any, ClassVar, Protocol, Self
 from pydantic import BaseModel, ConfigDict
 
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
-from ..process.owner import process_start as process_start  # (its one home: process/owner.py)
 from ..statedir import sign
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
@@ -224,6 +223,18 @@ def _stat(pid: int | str) -> list[str] | None:
 def group_ref(pgid: int) -> str:
     """How a process group is registered: its id and its leader's start time."""
     return f"{pgid}:{process_start(pgid) or 0}"
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (None if gone or a zombie)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
 
 
 def kill_group_ref(ref: str) -> int:

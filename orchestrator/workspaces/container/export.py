@@ -34,7 +34,7 @@ import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
@@ -50,8 +50,16 @@ from .docker import MANAGED, OWNER_UID, TOKEN, docker_client, docker_errors, rem
 from .dockerexec import Sandbox
 from .transfer import EXPORT, ahead_of, unpack
 
-if TYPE_CHECKING:
-    from ...run import RunRecord
+
+class RunRecord(Protocol):
+    """What a salvage reads of a run's record (``run.RunRecord``; not imported: the record
+    holds a spec, which holds this tier's config)."""
+
+    run_id: str
+    agent: str
+    description: str
+    workspace: dict[str, Any]
+
 
 EXPORT_TIMEOUT_S = 600.0  # a close
 SALVAGE_TIMEOUT_S = 120.0  # a salvage runs inside some `orch` command: bounded tighter
