@@ -19,10 +19,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrator.catalog.definitions import load_catalog  # noqa: E402
 from orchestrator.config import Settings  # noqa: E402
-from orchestrator.definitions import load_catalog  # noqa: E402
+from orchestrator.engine.runner import Runner  # noqa: E402
 from orchestrator.models import ModelProvider, ModelRequest, ModelResponse  # noqa: E402
-from orchestrator.runner import Runner  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 from orchestrator.store import open_store  # noqa: E402
 
@@ -244,7 +244,7 @@ def run(samples: int = 60) -> list[dict[str, Any]]:
 
 def bash_overhead(root: Path, samples: int = 30) -> dict[str, Any] | None:
     """A host-tier bash call under bubblewrap vs plain ``bash -c true`` (None: no bwrap)."""
-    from orchestrator.osbox import OsSandbox, available
+    from orchestrator.bwrap.profile import OsSandbox, available
     from orchestrator.workspaces.base import NullSink, run_process
 
     if available() is not None:

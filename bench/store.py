@@ -201,8 +201,8 @@ import asyncio, resource, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from orchestrator.config import Settings
-from orchestrator.definitions import load_catalog
-from orchestrator.runner import Runner
+from orchestrator.catalog.definitions import load_catalog
+from orchestrator.engine.runner import Runner
 from orchestrator.spec import RunSpec
 from orchestrator.models import ModelProvider, ModelResponse
 

@@ -7,7 +7,7 @@ orch's and git's own configuration, CI, hooks) unless ``allow_control_files``;
 ``prune`` salvages and removes worktrees of ended runs and deletes merged branches.
 
 Listing and merging are synchronous and use GitPython (refs, commits and config read in
-Python); every git process GitPython starts goes through :mod:`orchestrator.git`
+Python); every git process GitPython starts goes through :mod:`orchestrator.project.git`
 (:class:`_HardenedGit`): scrubbed environment, forced config, drivers neutralized,
 explicit ``GIT_DIR``/``GIT_WORK_TREE``. Merge commits carry the user's identity (from
 their config, parsed by GitPython, or ``GIT_AUTHOR_*``/``GIT_COMMITTER_*``), unsigned.
@@ -27,7 +27,7 @@ from git.exc import GitCommandError
 from pydantic import BaseModel, Field
 
 from .errors import NotFound, OrchError, UsageError
-from .git import (
+from .project.git import (
     EMPTY_TREE,
     IDENTITY_KEYS,
     GitError,
@@ -37,7 +37,7 @@ from .git import (
     git_sync,
     spawn_sync,
 )
-from .repo import (
+from .project.repo import (
     discover,
     discover_sync,
     orch_dir,
@@ -95,7 +95,7 @@ class PruneReport(BaseModel):
     kept_branches: list[str] = Field(default_factory=list)  # unmerged: pass force to delete
 
 
-# -- GitPython, through orchestrator.git ----------------------------------------------------
+# -- GitPython, through orchestrator.project.git ---------------------------------------
 
 
 class GitFailed(GitCommandError):
@@ -107,7 +107,7 @@ class GitFailed(GitCommandError):
 
 
 class _HardenedGit(gitpython.cmd.Git):
-    """GitPython's command runner with every process started by :mod:`orchestrator.git`.
+    """GitPython's command runner with every process started by :mod:`orchestrator.project.git`.
 
     GitPython's own ``execute`` copies ``os.environ`` (API keys included) into git's
     environment; this one never does. ``env`` given to a command may only carry the

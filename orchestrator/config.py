@@ -243,7 +243,7 @@ class SandboxSettings(BaseModel):
     @field_validator("bwrap")
     @classmethod
     def _bwrap(cls, v: str) -> str:
-        from .bwrapfind import bwrap_setting_error
+        from .bwrap.find import bwrap_setting_error
 
         if (error := bwrap_setting_error(v)) is not None:
             raise ValueError(error)
@@ -357,7 +357,7 @@ class Settings(BaseModel):
     @field_validator("extra_env")
     @classmethod
     def _no_secrets(cls, v: dict[str, str]) -> dict[str, str]:
-        from .osbox import is_secret_name
+        from .bwrap.profile import is_secret_name
 
         if bad := sorted(k for k in v if is_secret_name(k) or not k or "=" in k):
             names = ", ".join(bad)

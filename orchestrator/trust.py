@@ -88,7 +88,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .bwrapfind import KEYWORDS as BWRAP_KEYWORDS
+from .bwrap.find import KEYWORDS as BWRAP_KEYWORDS
 from .errors import UsageError
 
 TRUST_FILE = "trusted.json"

@@ -77,7 +77,7 @@ def each_bwrap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """The test runs with the bundled bwrap, then with the system's (Debian's bubblewrap, as
     .ci/run installs it): the path of the one it runs with. A variant whose bwrap cannot run
     skips with the reason, and fails instead under CI=true."""
-    from orchestrator.osbox import bwrap_choice
+    from orchestrator.bwrap.profile import bwrap_choice
     from tests.support import need_bwrap
 
     monkeypatch.setenv("ORCH_BWRAP", request.param)

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.catalog.definitions import load_catalog
 from orchestrator.config import Settings
-from orchestrator.definitions import load_catalog
+from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider
 from orchestrator.models.base import Block, ModelRequest, ModelResponse
 from orchestrator.run import RunRecord
-from orchestrator.runner import Runner
 from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.base import ProcessResult

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.bwrap.profile import bwrap_choice
+from orchestrator.catalog.definitions import Catalog, load_catalog
 from orchestrator.config import Settings
-from orchestrator.definitions import Catalog, load_catalog
-from orchestrator.execution import Provision
+from orchestrator.engine.execution import Provision
+from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider, ScriptedModel
-from orchestrator.osbox import bwrap_choice
 from orchestrator.run import RunRecord
-from orchestrator.runner import Runner
 from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.registry import tier_config

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from orchestrator.catalog.definitions import load_catalog
 from orchestrator.config import Settings
-from orchestrator.definitions import load_catalog
+from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec
 from orchestrator.store import open_store
 from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply

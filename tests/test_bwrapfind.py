@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bwrapfind
+from orchestrator.bwrap import find as bwrapfind
+from orchestrator.bwrap.profile import OsSandbox, SandboxUnavailable, available, bwrap_choice
 from orchestrator.config import SandboxSettings, load_settings
 from orchestrator.errors import UsageError
-from orchestrator.osbox import OsSandbox, SandboxUnavailable, available, bwrap_choice
 from tests.support import need_bwrap
 
 REFUSED = "bwrap: setting up uid map: Permission denied"

@@ -23,7 +23,7 @@ from orchestrator.branches import merge
 from orchestrator.config import SandboxSettings
 from orchestrator.errors import UsageError
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.team import run_team
+from orchestrator.teams.pair import run_team
 from orchestrator.workspaces.container import ContainerConfig
 from orchestrator.workspaces.container.inside import files as inbox
 from orchestrator.workspaces.container.runtime import parse_reply

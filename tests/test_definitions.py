@@ -10,8 +10,7 @@ from typing import Any, cast
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.cli.catalog import agents_app, skills_app
-from orchestrator.definitions import (
+from orchestrator.catalog.definitions import (
     AgentDefinition,
     Catalog,
     DefinitionError,
@@ -26,6 +25,7 @@ from orchestrator.definitions import (
     parse_skill,
     validate_files,
 )
+from orchestrator.cli.catalog import agents_app, skills_app
 from orchestrator.errors import UsageError
 from orchestrator.tools.skills import LoadSkillInput, LoadSkillTool
 

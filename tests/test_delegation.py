@@ -484,7 +484,7 @@ def test_a_child_whose_sandbox_cannot_start_fails_and_its_parent_goes_on(
 ) -> None:
     """The OS sandbox works for the parent, then not for its child (as when namespaces run
     out): the child fails at start with the reason, the parent hears it and ends."""
-    from orchestrator.osbox import available as real
+    from orchestrator.bwrap.profile import available as real
 
     starts: list[str] = []
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from orchestrator.catalog.definitions import load_catalog
 from orchestrator.config import Settings
-from orchestrator.definitions import load_catalog
+from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider
 from orchestrator.run import RunStatus
-from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec
 from orchestrator.store import open_store
 from orchestrator.workspaces.base import ProcessResult

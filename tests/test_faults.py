@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
+from orchestrator.catalog.definitions import load_catalog
 from orchestrator.config import Settings
-from orchestrator.definitions import load_catalog
+from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec
 from orchestrator.store import open_store
 from orchestrator.tools import builtin_tools

@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.branches import (
-    control_changes,
-    is_control_path,
-    list_branches,
-    merge,
-    open_repo,
-)
+from orchestrator.branches import control_changes, is_control_path, list_branches, merge, open_repo
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import UsageError
-from orchestrator.git import GitError, RepoPaths, driver_overrides, git, git_sync
-from orchestrator.gitprocess import hardened_env, prepare
-from orchestrator.repo import diff_stats, discover_sync, ensure_orch_dir, locate, worktree_paths
+from orchestrator.project.git import GitError, RepoPaths, driver_overrides, git, git_sync
+from orchestrator.project.gitprocess import hardened_env, prepare
+from orchestrator.project.repo import (
+    diff_stats,
+    discover_sync,
+    ensure_orch_dir,
+    locate,
+    worktree_paths,
+)
 from orchestrator.run import new_run_id
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec
 from orchestrator.workspaces.settle import commit_all, remove_worktree

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.definitions import load_catalog, parse_agent
-from orchestrator.guidance import CATALOG_CHARS, TASK_GUIDANCE, agent_catalog
+from orchestrator.catalog.definitions import load_catalog, parse_agent
+from orchestrator.catalog.guidance import CATALOG_CHARS, TASK_GUIDANCE, agent_catalog
 from orchestrator.run import RunStatus
 from tests.fakes import FakeRuntime, provisioner
 from tests.support import harness, task_call, tool_results

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.hookguard import hook_env, refusal
+from orchestrator.policy.hookguard import hook_env, refusal
 from tests.support import init_repo, need_bwrap, orch, write_script
 
 BENIGN = "import sys\nsys.exit(0)\n"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import osbox
+from orchestrator.bwrap import profile as osbox
 from orchestrator.run import RunStatus
 from tests.support import git, harness, init_repo, orch, task_call, tool_results, write_script
 
@@ -276,10 +276,10 @@ def test_the_real_sdk_path_keeps_the_key_and_the_checkout_out_of_reach(
     """The same attacks through the real `anthropic` SDK against a fake Messages API: the
     key the SDK holds never reaches a command, and a worktree run writes only its worktree."""
 
+    from orchestrator.catalog.definitions import load_catalog
     from orchestrator.config import Settings
-    from orchestrator.definitions import load_catalog
+    from orchestrator.engine.runner import Runner
     from orchestrator.models import ModelProvider
-    from orchestrator.runner import Runner
     from orchestrator.spec import RunSpec
     from orchestrator.store import open_store
     from orchestrator.workspaces.worktree import WorktreeConfig

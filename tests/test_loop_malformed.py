@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.calls import EVENT_TEXT, capped, summarize_input
+from orchestrator.engine.calls import EVENT_TEXT, capped, summarize_input
 from orchestrator.models.base import ModelResponse
 from orchestrator.run import RunStatus
 from tests.loopkit import Loop, conversation_problems, loop

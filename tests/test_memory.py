@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from orchestrator.catalog.definitions import load_catalog
+from orchestrator.catalog.guidance import environment_section
 from orchestrator.config import SandboxSettings, Settings
-from orchestrator.definitions import load_catalog
-from orchestrator.guidance import environment_section
-from orchestrator.memory import FILE_MAX, TOTAL_MAX
+from orchestrator.engine.memory import FILE_MAX, TOTAL_MAX
+from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider
 from orchestrator.run import RunStatus
-from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec
 from orchestrator.store import open_store
 from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.bwrap.profile import is_secret_name
 from orchestrator.config import DEFAULT_SECRET_PATTERNS, Settings
 from orchestrator.errors import UsageError
 from orchestrator.models import Model, ModelProvider, ModelRequest, ModelResponse, registry
 from orchestrator.models.anthropic import AnthropicModel
 from orchestrator.models.scripted import ScriptedModel
-from orchestrator.osbox import is_secret_name
 from tests.fakeapi import FakeAPI, serve, text_reply
 from tests.support import init_repo, orch, write_script
 
@@ -207,7 +207,7 @@ def test_the_doctor_names_a_model_setting_of_an_unknown_provider(project: Path) 
 
 def test_importing_orch_does_not_import_the_sdk() -> None:
     code = (
-        "import sys, orchestrator.models, orchestrator.config, orchestrator.osbox\n"
+        "import sys, orchestrator.models, orchestrator.config, orchestrator.bwrap.profile\n"
         "from orchestrator.models import ModelProvider\n"
         "from orchestrator.config import Settings\n"
         "p = ModelProvider(Settings())\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.orchignore import STATE_IGNORE, ensure_state_ignore
+from orchestrator.project.orchignore import STATE_IGNORE, ensure_state_ignore
 from tests.support import git, init_repo, orch, wait_for, write_script
 
 # every path orch writes under .orch (orchignore.py's audit), as a file planted there

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import bwrapfind, osbox
-from orchestrator.osbox import (
+from orchestrator.bwrap import find as bwrapfind
+from orchestrator.bwrap import profile as osbox
+from orchestrator.bwrap.profile import (
     ENV_WHITELIST,
     FIX,
     BwrapChoice,

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.commands import shell_split, simple_commands
 from orchestrator.config import HookCommand, Settings
-from orchestrator.policy import Policy, run_hooks, scrubbed_env
+from orchestrator.policy.checks import Policy, run_hooks, scrubbed_env
+from orchestrator.policy.commands import shell_split, simple_commands
 
 
 @pytest.mark.parametrize(

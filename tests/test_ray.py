@@ -409,7 +409,7 @@ def test_a_nodes_result_may_only_name_orch_branches_it_holds(tmp_path: Path) -> 
     from orchestrator.errors import OrchError
     from orchestrator.process.cluster.driver import RayExecutor
     from orchestrator.process.cluster.node import NodeResult
-    from orchestrator.repo import discover_sync
+    from orchestrator.project.repo import discover_sync
     from orchestrator.run import RunRecord
     from tests.support import harness
 
@@ -476,7 +476,7 @@ def test_reconcile_judges_an_owner_on_another_node_by_its_heartbeat(tmp_path: Pa
     """A pid means nothing on another node: a run owned there stays while its heartbeat is
     fresh (even if that pid is dead here, or alive here as something else) and becomes
     interrupted once it is stale, with nothing of it reaped here."""
-    from orchestrator.process import owner as background
+    from orchestrator.engine import owner as background
     from orchestrator.process.reconcile import reconcile
     from orchestrator.run import RunRecord, RunStatus, now
     from orchestrator.store import SqliteStore

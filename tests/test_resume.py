@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
+from orchestrator.catalog.definitions import load_catalog
 from orchestrator.cli.common import open_project
 from orchestrator.config import Settings
-from orchestrator.definitions import load_catalog
+from orchestrator.engine.runner import Runner
 from orchestrator.errors import OrchError
 from orchestrator.models import ModelProvider
 from orchestrator.process.reconcile import reconcile
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.runner import Runner
 from orchestrator.spec import RunSpec
 from orchestrator.store import SqliteStore, open_store
 from orchestrator.store.base import bound_transcript
@@ -381,7 +381,7 @@ def test_orch_resume_from_the_cli(project: Path) -> None:
 
 def test_a_branch_left_by_no_change_run_is_not_continued(project: Path) -> None:
     """A worktree run that changed nothing left no branch: its continuation makes a new one."""
-    from orchestrator.admission import branch_exists
+    from orchestrator.engine.admission import branch_exists
 
     repo = init_repo(project)
     git(repo, "branch", "orch/general/kept")

@@ -1,4 +1,4 @@
-"""orchestrator.safefs: race-free file primitives beneath a workspace root.
+"""orchestrator.fs.safefs: race-free file primitives beneath a workspace root.
 
 Real files in tmp_path. Most tests run twice, through openat2 and through the
 component walk fallback. The race tests swap a directory for a symlink out of
@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import safefs
-from orchestrator.safefs import DEFAULT_MAX_READ, Beneath, TooManyEntries, UnsafePath, normalize
+from orchestrator.fs import safefs
+from orchestrator.fs.safefs import DEFAULT_MAX_READ, Beneath, TooManyEntries, UnsafePath, normalize
 
 SECRET = b"SECRET"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.project.statedir import sign
 from orchestrator.run import RunRecord, RunStatus, now
-from orchestrator.statedir import sign
 from orchestrator.store import RunStore, SqliteStore
 from orchestrator.workspaces.base import process_start
 from tests.support import git, init_repo, orch, wait_for, write_script
@@ -304,7 +304,7 @@ def test_the_state_key_is_made_once_whole_under_racing_threads(
     half written ('state.key is damaged', a CI failure): every racer gets the same key."""
     import threading
 
-    from orchestrator import statedir
+    from orchestrator.project import statedir
 
     home = tmp_path / "home"
     home.mkdir()

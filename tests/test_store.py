@@ -27,9 +27,9 @@ import orchestrator
 import orchestrator.store
 from orchestrator.cli.common import find_run, handles_errors, open_project
 from orchestrator.errors import NotFound, UsageError
-from orchestrator.orchignore import STATE_IGNORE
+from orchestrator.project.orchignore import STATE_IGNORE
+from orchestrator.project.statedir import Refused, adopt
 from orchestrator.run import RunRecord, RunStatus, Usage
-from orchestrator.statedir import Refused, adopt
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store, state_dir
 from orchestrator.store.sql import like_prefix
 from orchestrator.store.sqlite import _wal

@@ -32,10 +32,6 @@ MAX_ROOT_MODULES = 20  # orchestrator/*.py, __init__.py and __main__.py included
 MAX_FOLDER_CYCLES = 0
 MAX_REPEATS = 6  # places where a block of DUP_LINES or more lines (not boilerplate) repeats
 DUP_LINES = 6
-# issue 21: these limits are met only once the lead has moved root modules into folders
-NOT_YET = pytest.mark.xfail(strict=True, reason="issue 21: lands with the lead's folder moves")
-# issue 21: met once the helpers' branches (R1-R5 unpack their modules) are merged
-NOT_YET_MERGED = pytest.mark.xfail(strict=True, reason="issue 21: lands with R1-R5's branches")
 
 
 def _module_name(path: Path) -> str:
@@ -155,7 +151,6 @@ def _formatter_escapes(text: str) -> list[int]:
     return [t.start[0] for t in tokens if t.type == tokenize.COMMENT and _ESCAPE.search(t.string)]
 
 
-@NOT_YET_MERGED
 def test_no_formatter_escapes() -> None:
     """Modules meet the size limit by being split, never packed past the formatter."""
     escapes = {
@@ -197,7 +192,6 @@ def _formatted_lengths(sources: dict[str, str], where: Path) -> dict[str, int]:
     return {name: len((where / name).read_text().splitlines()) for name in sources}
 
 
-@NOT_YET_MERGED
 def test_no_module_over_500_lines_as_ruff_formats_it(tmp_path: Path) -> None:
     lengths = _formatted_lengths(_sources(), tmp_path)
     assert {name: n for name, n in lengths.items() if n > MAX_LINES} == {}
@@ -257,7 +251,6 @@ def _root_modules(pkg: Path) -> list[str]:
     return sorted(p.name for p in pkg.glob("*.py"))
 
 
-@NOT_YET
 def test_at_most_20_modules_at_the_package_root() -> None:
     root = _root_modules(PKG)
     assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the root: {', '.join(root)}"
@@ -295,7 +288,6 @@ def _folder_cycles() -> list[list[str]]:
     return [c for c in _cycles(graph) if packages.intersection(c)]
 
 
-@NOT_YET
 def test_no_import_cycle_between_folders() -> None:
     """A folder is a layer: none imports, through any path of modules, one that imports it
     back (root modules count as nodes of their own; cycles among them alone are the
@@ -398,7 +390,6 @@ def _repeats(sources: dict[str, str], size: int = DUP_LINES) -> list[tuple[str, 
     return [(a, code[a][i][0], b, code[b][j][0]) for a, i, b, j in starts]
 
 
-@NOT_YET
 def test_at_most_6_repeated_blocks() -> None:
     """One piece of code where the logic really is the same (see :func:`_repeats`)."""
     found = _repeats({n: t for n, t in _sources().items()})

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from orchestrator.cli.main import app
 from orchestrator.cli.team import team_app
 from orchestrator.errors import UsageError
-from orchestrator.review import VerdictError, parse_verdict
 from orchestrator.run import RunStatus
-from orchestrator.team import TeamResult, run_team
+from orchestrator.teams.pair import TeamResult, run_team
+from orchestrator.teams.review import VerdictError, parse_verdict
 from tests.support import Harness, harness, init_repo
 
 TASK = "Implement add(a, b) in calc.py"

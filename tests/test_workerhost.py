@@ -186,7 +186,7 @@ def test_sigterm_cancels_runs_the_normal_way_and_keeps_worktree_work(
 LAUNCHER = """
 import sys, time
 from pathlib import Path
-import orchestrator.process.detach, orchestrator.runner
+import orchestrator.process.detach, orchestrator.engine.runner
 from orchestrator.cli.main import main
 go = Path(sys.argv[1])
 (go.parent / f"ready-{sys.argv[2]}").write_text("")

@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.branches import list_branches, merge, prune
+from orchestrator.bwrap.profile import bwrap_choice
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import NotFound, OrchError, UsageError
-from orchestrator.orchignore import STATE_IGNORE
-from orchestrator.osbox import bwrap_choice
-from orchestrator.repo import parse_shortstat, short_run_id
+from orchestrator.project.orchignore import STATE_IGNORE
+from orchestrator.project.repo import parse_shortstat, short_run_id
 from orchestrator.run import RunRecord, RunStatus, new_run_id
 from orchestrator.store import SqliteStore
 from orchestrator.workspaces.base import RunOutcome, WorkspaceSpec

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from ..agent_trust import guard, load_trusted
+from ..catalog.agent_trust import guard, load_trusted
 from .common import WorkdirOpt, announce_trust, err, handles_errors, out, print_json, root_of
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:
-    from ..definitions import Catalog
+    from ..catalog.definitions import Catalog
 
 agents_app = typer.Typer(
     help="Agent definitions: list, show, validate.", no_args_is_help=True, add_completion=False
@@ -41,7 +41,7 @@ def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = N
     settings, trust = load_trusted(root)
     announce_trust(trust)
     configured = [root / Path(d).expanduser() for d in settings.agents_dirs]
-    from ..definitions import load_catalog
+    from ..catalog.definitions import load_catalog
 
     return guard(trust, load_catalog(root, agents_dirs=[*(agents_dirs or []), *configured]))
 
@@ -171,7 +171,7 @@ def agents_validate(
     json_out: JsonOpt = False,
 ) -> None:
     """Check definition files; exit 1 if any fails to load."""
-    from ..definitions import validate_files
+    from ..catalog.definitions import validate_files
 
     reports = validate_files(paths)
     failed = [r for r in reports if not r.ok]

@@ -19,11 +19,11 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from ..agent_trust import load_trusted
+from ..catalog.agent_trust import load_trusted
 from ..config import Settings
 from ..errors import NotFound, OrchError, UsageError
-from ..paths import project_root
 from ..process.reconcile import reconcile
+from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, open_store
 from ..trust import Trust, TrustCap

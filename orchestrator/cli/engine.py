@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from .common import Project
 
 if TYPE_CHECKING:
-    from ..definitions import Catalog
+    from ..catalog.definitions import Catalog
+    from ..engine.runner import Runner
     from ..models import ModelProvider
-    from ..runner import Runner
 
 
 def not_dumpable() -> None:
@@ -44,8 +44,8 @@ def make_runner(
 ) -> Runner:
     """The runner for a command; ``model_spec`` and ``overrides`` (the flags that made the
     settings) are kept with detached runs so their worker builds the same engine."""
-    from ..agent_trust import guard
-    from ..definitions import load_catalog
+    from ..catalog.agent_trust import guard
+    from ..catalog.definitions import load_catalog
     from ..process.executor import attach
     from ..process.rebuild import agents_dirs as all_dirs
     from ..process.rebuild import assemble

@@ -41,8 +41,8 @@ from .live import LiveView, branch_lines, live_view
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
+    from ..engine.runner import Runner
     from ..models import ModelProvider, ScriptedModel
-    from ..runner import Runner
     from ..spec import RunSpec
 
 app = typer.Typer(
@@ -124,8 +124,8 @@ def is_git_repo(path: Path) -> bool:
 def run_tree(runner: Runner, spec: RunSpec, view: LiveView | None = None) -> RunRecord:
     """Run a root spec to its end (shown by ``view`` meanwhile, if given); in the
     background: store it, then detach it (out of the event loop: it may wait for a host)."""
-    from ..paths import project_root
     from ..process.detach import detach
+    from ..project.paths import project_root
 
     async def go() -> RunRecord:
         async with runner.models:

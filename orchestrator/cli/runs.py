@@ -14,8 +14,8 @@ import typer
 from rich.live import Live
 from rich.text import Text
 
+from ..engine.owner import owner_alive, this_node
 from ..errors import OrchError
-from ..process.owner import owner_alive, this_node
 from ..process.reconcile import reap, reconcile
 from ..run import EXIT_CODES, RunRecord, RunStatus, first_line, now
 from ..store import RunStore
@@ -328,9 +328,9 @@ def host(
     workdir: WorkdirOpt = None,
 ) -> None:
     """(internal) The worker host of a state dir: runs many detached runs in one process."""
-    from ..agent_trust import load_trusted
-    from ..paths import project_root
+    from ..catalog.agent_trust import load_trusted
     from ..process.workerhost import serve
+    from ..project.paths import project_root
     from ..store import open_store
     from .engine import not_dumpable
 

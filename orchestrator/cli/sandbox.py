@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..agent_trust import load_trusted
+from ..catalog.agent_trust import load_trusted
 from ..errors import OrchError
 from .common import WorkdirOpt, age, announce_trust, handles_errors, print_json, root_of
 from .safe import shown
@@ -24,7 +24,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of te
 
 def build_script() -> Path:
     """``build.sh`` of the image build: shipped in the wheel, or in a checkout's sandboxes/."""
-    from ..definitions import bundled_dir
+    from ..catalog.definitions import bundled_dir
 
     found = bundled_dir("sandboxes")
     script = found / "build.sh" if found else None

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from .. import statedir
 from ..errors import UsageError
-from ..paths import project_root
+from ..project import statedir
+from ..project.paths import project_root
 from .common import WorkdirOpt, handles_errors, out
 from .safe import safe_text
 

@@ -1,4 +1,4 @@
-"""`orch team run`: a writer and a reviewer taking turns on one branch (orchestrator/team.py)."""
+"""`orch team run`: a writer and a reviewer taking turns on one branch (teams/pair.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .safe import safe_text
 from .worktrees import AllowControlOpt
 
 if TYPE_CHECKING:  # the engine is imported when a team runs, keeping other commands fast
-    from ..team import TeamResult
+    from ..teams.pair import TeamResult
 
 team_app = typer.Typer(
     help="Teams: a writer and a reviewer taking turns on one branch until it is approved.",
@@ -73,7 +73,7 @@ def run(
 ) -> None:
     """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
     from ..models import ModelProvider
-    from ..team import run_team
+    from ..teams.pair import run_team
     from .engine import make_runner
 
     project = open_project(workdir, model=model)

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from .. import trust as trusting
-from ..agent_trust import load_trusted
+from ..catalog.agent_trust import load_trusted
 from ..errors import UsageError
 from .common import WorkdirOpt, handles_errors, out, print_json, root_of
 from .safe import safe_text

@@ -38,7 +38,7 @@ AllowControlOpt = Annotated[
 
 
 def _open_store(root: Path) -> RunStore:
-    from ..agent_trust import load_trusted
+    from ..catalog.agent_trust import load_trusted
     from ..store import open_store
 
     return open_store(root, load_trusted(root)[0].store)  # ORCH_STORE, or `store` if trusted

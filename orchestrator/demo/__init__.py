@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..safefs import Beneath
+from ..fs.safefs import Beneath
 
 HERE = Path(__file__).parent
 

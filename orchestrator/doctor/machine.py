@@ -64,8 +64,8 @@ def check_git() -> Check:
 
 def check_bwrap(settings: Settings) -> Check:
     """The bubblewrap the host tiers would run under, and that it makes a sandbox here."""
-    from ..bwrapfind import BWRAP_ENV, effective_setting
-    from ..osbox import bwrap_choice
+    from ..bwrap.find import BWRAP_ENV, effective_setting
+    from ..bwrap.profile import bwrap_choice
 
     if settings.sandbox.os == "off":
         return Check(
@@ -87,7 +87,7 @@ def check_bwrap(settings: Settings) -> Check:
 
 def _split_reason(reason: str | None, setting: str) -> tuple[str, str]:
     """The cause and the fix of a one-line reason ("cause; fix: ..." or "cause: FIX")."""
-    from ..bwrapfind import FIX
+    from ..bwrap.find import FIX
 
     reason = reason or f"no bwrap works here (sandbox.bwrap = {setting!r})"
     if "; fix: " in reason:

@@ -22,8 +22,8 @@ PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 
 def project_settings(workdir: Path) -> tuple[Settings, Check]:
     """The settings every command of the project would use, and the trust check."""
-    from ..agent_trust import load_trusted
-    from ..paths import project_root
+    from ..catalog.agent_trust import load_trusted
+    from ..project.paths import project_root
 
     root = project_root(workdir)
     here = f" -C {shlex.quote(str(root))}"
@@ -65,7 +65,7 @@ def _trust(root: Path, trust: Trust, here: str) -> Check:
 
 
 def check_store(workdir: Path, settings: Settings) -> Check:
-    from ..paths import project_root
+    from ..project.paths import project_root
     from ..store import store_url
     from ..store.base import state_path
     from ..store.sqlite import DB_FILE
@@ -127,7 +127,7 @@ def _sqlite(where: Path, db: Path) -> Check:
         detail = "; ".join(why for *_, why in problems)
         fix = "set ORCH_HOME to a directory of your own, or chown the files back to you"
         return Check(name=name, status=Status.FAIL, detail=detail, fix=fix, required=True)
-    from ..statedir import Refused, checked_dir
+    from ..project.statedir import Refused, checked_dir
 
     try:  # what every command checks first: made by this user's orch, no link in it
         checked_dir(where)  # (it also sets the directory 0700, as any command)
@@ -226,8 +226,8 @@ def _warm() -> Check:
 
 
 def _worker_host(workdir: Path, settings: Settings) -> Check:
-    from ..paths import project_root
     from ..process.detach import host_key, paths
+    from ..project.paths import project_root
     from ..store.base import state_path
 
     if (off := _off()) is not None:

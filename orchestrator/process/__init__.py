@@ -1,8 +1,7 @@
-"""orch's own processes, below the CLI and beside the engine (standard library only here:
-the ``orch`` entry point imports ``unixsock``, ``inherit`` and ``warmhome`` first).
+"""orch's own processes, below the CLI and above the engine (whose ``owner.py`` says who
+owns a run). Standard library only here: the ``orch`` entry point imports ``unixsock``,
+``inherit`` and ``warmhome`` first.
 
-- ``owner.py``: who owns a run (identity: ``me``, ``this_node``, ``process_start``) and
-  how it shows it is alive (heartbeats: the ``Supervisor``);
 - ``reconcile.py``: runs whose owner is gone become ``interrupted``; what they left is reaped;
 - ``detach.py``: the CLI's side of a background root: the worker host, else a worker of
   its own;

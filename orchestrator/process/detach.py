@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 from ..errors import OrchError
+from ..project.statedir import entry, open_log
 from ..run import RunRecord
-from ..statedir import entry, open_log
 from ..store import RunStore, state_dir, store_url
 from ..workspaces.base import process_start
 from .inherit import inheritance, key

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..runner import Runner
+    from ..engine.runner import Runner
 
 
 def attach(runner: Runner) -> Runner:

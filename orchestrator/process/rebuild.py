@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..catalog.definitions import Catalog
     from ..config import Settings
-    from ..definitions import Catalog
+    from ..engine.runner import Runner
     from ..models import ModelProvider
-    from ..runner import Runner
     from ..spec import Launch
     from ..store import RunStore
     from ..trust import Trust
@@ -42,7 +42,7 @@ def assemble(
 ) -> Runner:
     """A Runner whose runs execute in this process (``executor.py`` gives it the executor
     its settings choose)."""
-    from ..runner import Runner
+    from ..engine.runner import Runner
 
     return Runner(settings=settings, store=store, catalog=catalog, models=provider, launch=launch)
 
@@ -92,13 +92,13 @@ def recipe(
 ) -> Recipe:
     """The recipe of a detached run of ``project_dir`` from its launch; ``settings`` and
     ``catalog`` given (a Ray node's, resolved by the spawner): those, as they are."""
-    from ..paths import project_root
+    from ..project.paths import project_root
 
     root = project_root(project_dir)
     if settings is not None and catalog is not None:
         return Recipe(root, settings, catalog, launch)
-    from ..agent_trust import guard, load_trusted
-    from ..definitions import load_catalog
+    from ..catalog.agent_trust import guard, load_trusted
+    from ..catalog.definitions import load_catalog
     from ..trust import TrustCap
 
     # the same trust decision as the launcher's, never more: its honoured digest is the cap

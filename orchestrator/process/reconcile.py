@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from ..engine.owner import foreign, owner_alive
+from ..project.statedir import verified
 from ..run import RunRecord, RunStatus, now
-from ..statedir import verified
 from ..store import RunStore
 from ..workspaces.base import kill_group_ref
-from .owner import foreign, owner_alive
 
 SIGNED = ("pgroup", "container")  # refs signed at registration (statedir.sign)
 

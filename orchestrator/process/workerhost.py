@@ -3,7 +3,7 @@
 ``orch task --background`` hands its queued run over a Unix socket in the state dir
 (``detach.py`` is that side, and starts a host when none answers). The host adopts
 each run in its one event loop: the run's record gets the host as its owner (pid and
-start time), one :class:`~orchestrator.process.owner.Supervisor` beats the heartbeats of
+start time), one :class:`~orchestrator.engine.owner.Supervisor` beats the heartbeats of
 all its runs and obeys ``orch cancel``, and if the host dies, the next command's
 reconcile ends its runs ``interrupted``, as for a worker of its own.
 
@@ -35,20 +35,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..engine.owner import Supervisor, me
 from ..errors import OrchError
-from ..paths import project_root
+from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, state_dir
 from ..workspaces.base import process_start
 from .detach import MAX_LINE, own_worker, paths
 from .executor import attach
 from .inherit import comparable_env, inherited
-from .owner import Supervisor, me
 from .rebuild import Recipe, recipe
 from .unixsock import listen, peer, unlink_if_ours
 
 if TYPE_CHECKING:
-    from ..runner import Runner
+    from ..engine.runner import Runner
 
 FIRST_RUN_GRACE_S = 10.0  # a new host waits this long for the run of the launcher that started it
 TICK_S = 0.05

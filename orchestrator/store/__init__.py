@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import cast
 
 from ..errors import OrchError, UsageError
-from ..paths import project_root
+from ..project.paths import project_root
 from ..storeurl import SCHEMES, backend, local_paths
 from .base import ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore

@@ -25,10 +25,10 @@ from typing import Any, Protocol, cast
 
 from ..errors import OrchError
 from ..models.base import clean_text
+from ..project.statedir import STATE_DIR_MODE as STATE_DIR_MODE
+from ..project.statedir import state_dir as state_dir
+from ..project.statedir import state_path as state_path
 from ..run import RunRecord, RunStatus, now
-from ..statedir import STATE_DIR_MODE as STATE_DIR_MODE
-from ..statedir import state_dir as state_dir
-from ..statedir import state_path as state_path
 from ..workspaces.base import ResourceSink
 
 TRANSCRIPT_LIMIT = 2 * 1024 * 1024  # bytes of JSON kept per transcript

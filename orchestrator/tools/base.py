@@ -16,8 +16,8 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from ..catalog.definitions import SkillDefinition
 from ..config import Settings
-from ..definitions import SkillDefinition
 from ..run import Evidence
 from ..workspaces.base import Runtime
 

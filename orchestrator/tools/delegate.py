@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..guidance import TASK_GUIDANCE, TASK_OUTPUT_GUIDANCE, TASK_STOP_GUIDANCE
+from ..catalog.guidance import TASK_GUIDANCE, TASK_OUTPUT_GUIDANCE, TASK_STOP_GUIDANCE
 from ..spec import Prompt
 from ..workspaces.registry import TIER_NAMES
 from .base import Tool, ToolContext, ToolInput, ToolOutput

@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 
 from pydantic import Field
 
-from ..policy import is_control
-from ..safefs import UnsafePath
+from ..fs.safefs import UnsafePath
+from ..policy.checks import is_control
 from .base import Tool, ToolContext, ToolFailure, ToolInput, ToolOutput
 
 MAX_GLOB = 1000

@@ -52,8 +52,8 @@ class Command:
 
 
 PRELOADED = (  # and every model provider's (models.preload_modules)
-    "orchestrator.runner",
-    "orchestrator.team",
+    "orchestrator.engine.runner",
+    "orchestrator.teams.pair",
     "orchestrator.workspaces.registry",
     "orchestrator.cli.engine",
 )
@@ -127,7 +127,7 @@ def adopt_environment(env: dict[bytes, bytes]) -> None:
     reads when a command asks (the consoles are made after this)."""
     import tempfile
 
-    from ..bwrapfind import forget
+    from ..bwrap.find import forget
 
     os.environb.clear()
     os.environb.update(env)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol, Self
 from pydantic import BaseModel, ConfigDict
 
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
-from ..statedir import sign
+from ..project.statedir import sign
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
 OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive

@@ -12,8 +12,8 @@ import re
 from dataclasses import replace
 
 from ..errors import UsageError
-from ..git import RepoPaths
-from ..repo import rev, short_run_id
+from ..project.git import RepoPaths
+from ..project.repo import rev, short_run_id
 from .base import WorkspaceSpec
 
 

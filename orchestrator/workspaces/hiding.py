@@ -17,7 +17,7 @@ The list, for one workspace (:func:`hidden_rels`):
   path relative to the workspace root.
 
 The rule (:func:`hidden_reason`) is lexical on the path *that is opened*: on the host,
-:mod:`orchestrator.safefs` follows no symlink, applies ``..`` by its words and refuses
+:mod:`orchestrator.fs.safefs` follows no symlink, applies ``..`` by its words and refuses
 hard-linked files, so the normalized relative path is the file; in a container
 :mod:`.inside.files` applies the same rule to the path after resolving it. Names are compared
 case-folded (a case-insensitive filesystem cannot spell its way around the list).
@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..osbox import default_hidden
+from ..bwrap.profile import default_hidden
 from .base import WorkspaceSpec
 
 STATE_NAME = ".orch"

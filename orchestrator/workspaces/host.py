@@ -6,7 +6,7 @@ and ``/proc`` (orch's process is not visible), no network unless ``network =
 "host"``, a whitelisted environment (never an API key), secret paths and the
 store hidden. Without bwrap it fails closed, unless ``sandbox.os = "off"``.
 
-Every file operation goes through :mod:`orchestrator.safefs`: the path is opened
+Every file operation goes through :mod:`orchestrator.fs.safefs`: the path is opened
 beneath the workspace root's directory descriptor, no symlink is followed and
 hard links, FIFOs and devices are refused, so a process that shares the
 workspace (a leftover of an agent's command) cannot swap a directory for a
@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..osbox import (
+from ..bwrap.profile import (
     OsSandbox,
     SandboxUnavailable,
     available,
@@ -35,7 +35,7 @@ from ..osbox import (
     default_hidden,
     sandbox_env,
 )
-from ..safefs import Beneath, UnsafePath
+from ..fs.safefs import Beneath, UnsafePath
 from .base import FileRead, ProcessResult, WorkspaceSpec, run_process
 from .hiding import hidden_reason
 from .saved import BwrapUsed

@@ -5,7 +5,7 @@ the worktree tier writes them into the new worktree (:func:`write_includes`), th
 container tier tars them (``container.transfer.write_archive``). Both read with
 :func:`include_files`:
 
-- beneath the source root through :mod:`orchestrator.safefs`: no symlink is followed at
+- beneath the source root through :mod:`orchestrator.fs.safefs`: no symlink is followed at
   any component (a listed symlink, a symlinked directory, a directory swapped for a
   symlink while the copy runs: none is read), regular files only, no hard link, each file
   and the whole capped;
@@ -23,8 +23,8 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ..git import RepoPaths, git
-from ..safefs import Beneath, TooManyEntries, UnsafePath
+from ..fs.safefs import Beneath, TooManyEntries, UnsafePath
+from ..project.git import RepoPaths, git
 from .base import WorkspaceSpec
 
 INCLUDE_FILE = ".worktreeinclude"

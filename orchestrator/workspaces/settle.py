@@ -5,7 +5,7 @@ salvages an interrupted run) every uncommitted change, untracked files included,
 committed on the branch as ``orch <agent> <orch@localhost>`` with ``orch-run`` and
 ``orch-status`` trailers. A branch with no commits beyond its base is deleted with its
 worktree; otherwise the worktree directory is removed and the branch kept. Every git
-command runs through :mod:`orchestrator.git`, with the worktree's admin dir as
+command runs through :mod:`orchestrator.project.git`, with the worktree's admin dir as
 ``GIT_DIR``: nothing the run wrote into the tree (a ``.git`` file, nested repositories,
 ``.gitattributes`` naming drivers) makes host git run anything.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from ..config import DEFAULT_COMMIT_EXCLUDE
 from ..errors import UsageError
-from ..git import RepoPaths, git, user_excludes_file
-from ..repo import (
+from ..project.git import RepoPaths, git, user_excludes_file
+from ..project.repo import (
     diff_stats,
     discover,
     is_ancestor,
@@ -139,7 +139,7 @@ async def commit_all(
     """Commit every change in the worktree ``tree`` but untracked files matching ``exclude``
     (gitignore patterns); False when there was nothing to commit.
 
-    Through :mod:`orchestrator.git` (the admin dir as ``GIT_DIR``: a ``.git`` the run wrote
+    Through :mod:`orchestrator.project.git` (the admin dir as ``GIT_DIR``: a ``.git`` the run wrote
     is not read; no hooks, fsmonitor or drivers). Nested repositories and submodules are
     never looked into (``--ignore-submodules=dirty``: only their HEAD is read).
     """

@@ -17,7 +17,7 @@ and ``orch-status`` trailers. A branch with no commits beyond its base is
 deleted with its worktree; otherwise the worktree directory is removed and the
 branch kept (:mod:`.settle`). ``git worktree add/remove`` and ``git branch -D``
 are serialized per repository (an asyncio lock and an flock on
-``.orch/worktrees.lock``). Every git command runs through :mod:`orchestrator.git`
+``.orch/worktrees.lock``). Every git command runs through :mod:`orchestrator.project.git`
 with an explicit ``GIT_DIR`` (the worktree's admin dir, found from the main
 repository, never from a ``.git`` file in a tree a run wrote).
 
@@ -40,9 +40,9 @@ from stat import S_ISREG
 from typing import Any, ClassVar, Literal
 
 from ..errors import OrchError, UsageError
-from ..git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
-from ..repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, worktree_paths
-from ..safefs import Beneath, UnsafePath
+from ..fs.safefs import Beneath, UnsafePath
+from ..project.git import RETRIES, GitError, RepoPaths, first_line, git, lock_contention
+from ..project.repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, worktree_paths
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .branch import branch_name, continued_start, ref_component, with_branch
 from .hiding import absolute_hidden, hidden_reason, hidden_rels

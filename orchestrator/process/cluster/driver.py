@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import OrchError, UsageError
-from ...git import RepoPaths, first_line, git
 from ...models import env_names
-from ...repo import locate, rev
+from ...project.git import RepoPaths, first_line, git
+from ...project.repo import locate, rev
 from ...run import RunRecord, RunStatus
 from ...store import SqliteStore, store_url
 from ...workspaces.container.export import land
@@ -50,7 +50,7 @@ from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
 
 if TYPE_CHECKING:
-    from ...runner import Runner
+    from ...engine.runner import Runner
 
 # What a node's environment gets from the spawner's (through the object store, never stored).
 FORWARDED_ENV = (*env_names(), "ORCH_STORE")  # the model providers' settings, the store

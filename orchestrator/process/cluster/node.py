@@ -30,12 +30,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ...catalog.definitions import Catalog
 from ...config import Settings
-from ...definitions import Catalog
-from ...git import RepoPaths, git
+from ...engine.owner import set_node
+from ...project.git import RepoPaths, git
 from ...spec import Launch
 from ...store import RunStore, SqliteStore, open_store
-from ..owner import set_node
 from ..rebuild import recipe
 
 ORCH_PREFIX = "refs/heads/orch/"

@@ -6,7 +6,7 @@ every change but build artefacts (the run's ``commit_exclude`` patterns as its
 hooks, fsmonitor and filter drivers off) and streams a bundle of the new
 commits over ``docker exec`` into a host-owned temp file, capped at
 ``sandbox.bundle_max_bytes``; the host unbundles it with the hardened git of
-:mod:`orchestrator.git` into the user's repository (``GIT_DIR`` is that repository, never
+:mod:`orchestrator.project.git` into the user's repository (``GIT_DIR`` is that repository, never
 a directory the sandbox wrote) and compare-and-swaps the run's branch onto its one head.
 
 **Salvage** (:func:`salvage_container`): when a run's owner process died, reconcile finds
@@ -40,8 +40,8 @@ from pydantic import ValidationError
 
 from ...config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
 from ...errors import OrchError, UsageError
-from ...git import RepoPaths, git
-from ...repo import discover, is_ancestor, rev
+from ...project.git import RepoPaths, git
+from ...project.repo import discover, is_ancestor, rev
 from ..base import process_start
 from ..branch import ref_component
 from ..saved import BranchState

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import OrchError
-from ...safefs import UnsafePath
+from ...fs.safefs import UnsafePath
 from ..base import FileRead, ProcessResult
 from .dockerexec import Sandbox
 from .inside import files as files_program

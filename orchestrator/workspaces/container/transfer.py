@@ -2,8 +2,8 @@
 
 In: the host bundles the run's starting commit from the user's repository (found from
 the run record's working directory, never from a tree a sandbox writes) with the hardened
-git of :mod:`orchestrator.git`, and tars it, with the included files read from the
-*user's* tree by :mod:`.includes` (through :mod:`orchestrator.safefs`), into a host-owned
+git of :mod:`orchestrator.project.git`, and tars it, with the included files read from the
+*user's* tree by :mod:`.includes` (through :mod:`orchestrator.fs.safefs`), into a host-owned
 temp file streamed to the container on the stdin of one ``docker exec`` (the engine's
 ``put_archive`` cannot write a tmpfs under a read-only root), where ``tar`` unpacks it
 and git clones it into ``/workspace``.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import OrchError
-from ...git import RepoPaths, first_line, git
+from ...project.git import RepoPaths, first_line, git
 
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
 

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ...errors import OrchError, UsageError
-from ...git import git
-from ...repo import locate, rev
-from ...statedir import sign
+from ...project.git import git
+from ...project.repo import locate, rev
+from ...project.statedir import sign
 from ..base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from ..branch import branch_name, continued_start, with_branch
 from ..hiding import hidden_reason, hidden_rels, mirrored

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .errors import OrchError
+from ..errors import OrchError
 
 # libyaml's loader where PyYAML has it (5-10x faster: agent files are read by every run),
 # the same safe construction either way

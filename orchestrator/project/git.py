@@ -1,7 +1,7 @@
 """The one way orch runs git on the host, hardened against what a sandbox wrote.
 
 :func:`git` (async), :func:`git_sync` and :func:`spawn_sync` (GitPython's adapter in
-:mod:`orchestrator.branches`) run one process as :mod:`orchestrator.gitprocess` prepares
+:mod:`orchestrator.branches`) run one process as :mod:`orchestrator.project.gitprocess` prepares
 it (environment from scratch, config forced, explicit repository, timeout), and add:
 
 - **drivers neutralized**: ``.gitattributes`` in a written tree activates

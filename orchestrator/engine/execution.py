@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Protocol
 from weakref import WeakValueDictionary
 
+from ..catalog.definitions import AgentDefinition, Catalog
+from ..config import Settings
+from ..errors import OrchError
+from ..models import ModelProvider
+from ..policy.checks import Policy, run_hooks
+from ..run import RunRecord, RunStatus, now
+from ..spec import RunSpec
+from ..store import RunStore, store_paths
+from ..tools.base import ToolContext, ToolRegistry
+from ..workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
 from .agent import AgentRun, LoopOutcome, RunContext
-from .config import Settings
-from .definitions import AgentDefinition, Catalog
 from .delegation import ChildSpawner, Engine
-from .errors import OrchError
-from .models import ModelProvider
-from .policy import Policy, run_hooks
-from .process.owner import me, this_node
-from .run import RunRecord, RunStatus, now
-from .spec import RunSpec
-from .store import RunStore, store_paths
-from .tools.base import ToolContext, ToolRegistry
-from .workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
+from .owner import me, this_node
 
 Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
 Drive = Callable[[RunRecord], Awaitable[LoopOutcome]]

@@ -18,7 +18,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import UsageError
+from ..errors import UsageError
 from .frontmatter import DefinitionError as DefinitionError  # re-exported: loaders raise it
 from .frontmatter import parse_frontmatter
 
@@ -192,7 +192,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
     if max_turns is not None and (type(max_turns) is not int or max_turns < 1):
         raise p.error("maxTurns", f"'maxTurns' must be a whole number >= 1, not {max_turns!r}")
     isolation = p.opt_str("isolation", "'isolation: worktree'")
-    from .workspaces.registry import TIER_NAMES
+    from ..workspaces.registry import TIER_NAMES
 
     if isolation is not None and isolation not in TIER_NAMES:
         one_of = ", ".join(TIER_NAMES)

@@ -12,7 +12,7 @@ addable.
 
 An older orch wrote ``*`` (everything ignored): such a file is upgraded. Any other
 content is the user's and is left alone. The file is written through
-:mod:`orchestrator.safefs`: a symlink in its place (a repository may ship one) is
+:mod:`orchestrator.fs.safefs`: a symlink in its place (a repository may ship one) is
 replaced, never written through, and ``.orch`` itself must not be a symlink.
 """
 
@@ -22,7 +22,7 @@ import contextlib
 import stat
 from pathlib import Path
 
-from .safefs import Beneath, UnsafePath
+from ..fs.safefs import Beneath, UnsafePath
 
 STATE_IGNORE = """\
 # Written by orch: its state stays out of git. agents/, skills/ and teams/ are

@@ -31,15 +31,15 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from ..config import Settings
+from ..errors import OrchError
+from ..policy.checks import run_hooks
+from ..run import Evidence, RunRecord, RunStatus
+from ..spec import RunSpec
+from ..store import RunStore
+from ..tools.base import TaskArgs, ToolOutput
+from ..workspaces.registry import tier_config
 from .agent import RunContext, cut
-from .config import Settings
-from .errors import OrchError
-from .policy import run_hooks
-from .run import Evidence, RunRecord, RunStatus
-from .spec import RunSpec
-from .store import RunStore
-from .tools.base import TaskArgs, ToolOutput
-from .workspaces.registry import tier_config
 
 SUBAGENT_STOP_RETRIES = 3
 NOTIFY_LINES = 5

@@ -21,7 +21,7 @@ prompt with its full size.
 (``@path`` lines stay text) or run, and no setting is read from them. The repository's
 files are read without following a symlink out of the repository (a symlink inside it,
 such as ``AGENTS.md -> CLAUDE.md``, is fine), regular files only, through
-:mod:`orchestrator.safefs`; never one the tools may not read (``.orch/``, a hidden
+:mod:`orchestrator.fs.safefs`; never one the tools may not read (``.orch/``, a hidden
 path: ``workspaces/hiding.py``), so a planted ``CLAUDE.md -> .orch/orch.db`` shows the
 model nothing. ``project_memory = false`` turns all of it off.
 """
@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OrchError
-from .repo import discover_sync
-from .safefs import Beneath, UnsafePath
-from .workspaces.hiding import hidden_reason, hidden_within
+from ..errors import OrchError
+from ..fs.safefs import Beneath, UnsafePath
+from ..project.repo import discover_sync
+from ..workspaces.hiding import hidden_reason, hidden_within
 
 FILE_MAX = 16 * 1024  # bytes of one file
 TOTAL_MAX = 32 * 1024  # bytes of all of them

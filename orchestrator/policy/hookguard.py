@@ -30,8 +30,8 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from ..errors import OrchError
 from .commands import shell_split
-from .errors import OrchError
 
 
 class HookRefused(OrchError):

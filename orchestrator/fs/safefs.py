@@ -26,7 +26,7 @@ through. Linux only (elsewhere: import-safe, walk fallback, no O_PATH).
 walk or glob neither lists nor enters what it refuses; a glob whose literal leading
 components are refused raises. Since the normalized path is the file opened (the
 symlink rule above, ``..`` by its words, hard links refused), the check holds. Walking
-and glob matching live in :mod:`orchestrator.safeglob`.
+and glob matching live in :mod:`orchestrator.fs.safeglob`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""One hardened git process: what it gets and how it runs (no drivers; :mod:`orchestrator.git`
-adds those and is what callers use).
+"""One hardened git process: what it gets and how it runs (no drivers; ``git.py`` adds
+those and is what callers use).
 
 Host git runs on trees agents wrote (worktrees) and on repository config an agent in a
 worktree could edit. Every git process orch starts is built by :func:`prepare` and run by
-:func:`run_sync` or :func:`run_async` (through :func:`orchestrator.git.git`,
-:func:`~orchestrator.git.git_sync` or :func:`~orchestrator.git.spawn_sync`):
+:func:`run_sync` or :func:`run_async` (through :func:`orchestrator.project.git.git`,
+:func:`~orchestrator.project.git.git_sync` or :func:`~orchestrator.project.git.spawn_sync`):
 
 - **environment from scratch**: ``PATH`` (absolute entries; git by absolute path),
   ``HOME`` = an empty directory orch owns, ``LANG/LC_ALL=C``, ``GIT_CONFIG_NOSYSTEM``,
@@ -19,8 +19,8 @@ worktree could edit. Every git process orch starts is built by :func:`prepare` a
   ``GIT_WORK_TREE`` are set, so a ``.git`` file planted in a tree is never read. A
   linked worktree's ``GIT_DIR`` is its admin dir ``<common>/worktrees/<name>`` (git
   finds the common dir from it), found through the common dir
-  (:func:`orchestrator.repo.locate`). Only ``rev-parse`` runs without one, to
-  discover the user's own repository (:func:`orchestrator.repo.discover`).
+  (:func:`orchestrator.project.repo.locate`). Only ``rev-parse`` runs without one, to
+  discover the user's own repository (:func:`orchestrator.project.repo.discover`).
 - a timeout (the process group is killed); :class:`GitError` names the command and
   git's first error line.
 """
@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OrchError
+from ..errors import OrchError
 
 GIT_TIMEOUT_S = 300.0
 IDENTITY_KEYS = frozenset(

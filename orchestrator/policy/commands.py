@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import get_args
 
-from .config import BuiltinCheck
+from ..config import BuiltinCheck
 
 # -- bash parsing ------------------------------------------------------------------
 # Everything below is linear in the length of the line (the model picks the line, and a

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import Settings, load_settings_with_trust
-from .errors import OrchError
-from .trust import AgentFloor, Trust, TrustCap
+from ..config import Settings, load_settings_with_trust
+from ..errors import OrchError
+from ..trust import AgentFloor, Trust, TrustCap
 
 if TYPE_CHECKING:
     from .definitions import AgentDefinition, Catalog
@@ -47,8 +47,8 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
     repo_dirs = [*named(repo), root / ".orch/agents", root / ".claude/agents"]
     if not any(d.is_dir() for d in [*repo_dirs, *named(user)] if _inside(d, root)):
         return []  # the usual case: nothing to parse, nothing imported
+    from ..workspaces.registry import TIER_NAMES, rank
     from .definitions import ORCH_TOOLS, bundled_dir
-    from .workspaces.registry import TIER_NAMES, rank
 
     bundled = bundled_dir("agents")
     order = [*named(user), *repo_dirs, Path.home() / ".orch/agents"]

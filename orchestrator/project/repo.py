@@ -6,7 +6,7 @@ and ``branch -D`` per repository (an asyncio lock and an flock). The user's own
 repository is discovered from a directory they gave (:func:`discover`); a run's
 worktree is found from its path through the admin dirs of the main repository
 (:func:`locate`, :func:`worktree_paths`), never through its own ``.git`` file.
-Every git command goes through :mod:`orchestrator.git`.
+Every git command goes through :mod:`orchestrator.project.git`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from ..errors import OrchError, UsageError
 from . import statedir
-from .errors import OrchError, UsageError
 from .git import GitResult, RepoPaths, git, git_sync
 
 NOT_A_REPO = (

@@ -37,7 +37,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 STATE_DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -208,7 +208,7 @@ def _make(path: Path) -> None:
 def _tracked(path: Path) -> list[str]:
     """State paths under ``path`` that git tracks (in the index of the checkout holding
     it): a checkout brought them, or will overwrite them."""
-    from .errors import OrchError
+    from ..errors import OrchError
     from .git import RepoPaths, git_sync
 
     with contextlib.suppress(OSError, OrchError):  # no git at all: nothing is tracked

@@ -20,7 +20,7 @@ every run goes through ``Runner.spawn`` and the runner writes every record.
 
 With ``merge`` an approved branch is merged into the user's HEAD exactly as
 ``orch worktrees merge`` does it. What the reviewer sees and answers (the diff, the
-prompts, the verdict) is :mod:`orchestrator.review`; this module runs the rounds and
+prompts, the verdict) is :mod:`orchestrator.teams.review`; this module runs the rounds and
 reports them (:class:`TeamResult`).
 """
 
@@ -32,12 +32,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .agent import LoopOutcome
-from .branches import merge as merge_branch
-from .definitions import AgentDefinition
-from .errors import OrchError, UsageError
-from .git import RepoPaths
-from .repo import diff_stats, discover, rev
+from ..branches import merge as merge_branch
+from ..catalog.definitions import AgentDefinition
+from ..engine.agent import LoopOutcome
+from ..engine.runner import Runner
+from ..errors import OrchError, UsageError
+from ..project.git import RepoPaths
+from ..project.repo import diff_stats, discover, rev
+from ..run import RunRecord, RunStatus
+from ..spec import RunSpec
+from ..workspaces.registry import BRANCH_TIERS, tier_config
+from ..workspaces.shared import SharedConfig
 from .review import (
     Verdict,
     VerdictError,
@@ -47,11 +52,6 @@ from .review import (
     reviewer_retry,
     writer_followup,
 )
-from .run import RunRecord, RunStatus
-from .runner import Runner
-from .spec import RunSpec
-from .workspaces.registry import BRANCH_TIERS, tier_config
-from .workspaces.shared import SharedConfig
 
 TEAM_ISOLATIONS = BRANCH_TIERS  # a writer needs a branch of its own
 

@@ -3,15 +3,16 @@
 ``Runner.spawn(spec)`` is the one way in. It resolves the spec (agent
 definition, model, tools never more than the parent's, chain position, tier
 never weaker than the parent's), stores the run ``queued`` and starts it: as a
-task of this process, or, for a root run asked for in the background, in a
-detached worker process that picks it up with :meth:`Runner.adopt`. With an
-``Executor`` (``--executor ray``), a worktree or container run that got its place is
-executed on a cluster node instead (``executors/ray.py``), which adopts it there.
+task of this process, or, for a root run asked for in the background, only stores it:
+the CLI detaches it (``process/detach.py``) to a process that picks it up with
+:meth:`Runner.adopt`. With an ``Executor`` (``--executor ray``), a worktree or container
+run that got its place is executed on a cluster node instead (``process/cluster/``),
+which adopts it there.
 
-The Runner keeps one :class:`~orchestrator.execution.LiveRun` per run of this
+The Runner keeps one :class:`~orchestrator.engine.execution.LiveRun` per run of this
 process that has not ended. A started run waits for its place (``gate.Places``:
 the per-parent slots, the chain's gate), then executes
-(:class:`~orchestrator.execution.Execution`: its workspace, a fresh ``AgentRun``
+(:class:`~orchestrator.engine.execution.Execution`: its workspace, a fresh ``AgentRun``
 or a :class:`Driver` under its limits). Every ending is written by
 ``store.end`` (``store/base.py``), with its one ``run_finished`` event.
 
@@ -32,25 +33,25 @@ from pathlib import Path
 from typing import Any, Protocol
 from weakref import WeakValueDictionary
 
+from ..catalog.definitions import AgentDefinition, Catalog
+from ..config import Settings
+from ..errors import OrchError
+from ..models import ModelProvider
+from ..policy.checks import scrubbed_env
+from ..project.paths import project_root
+from ..run import RunRecord, RunStatus
+from ..spec import Launch, RunSpec
+from ..store import RunStore
+from ..tools import builtin_tools
+from ..tools.base import Tool, ToolRegistry
+from ..tools.delegate import delegation_tools
+from ..workspaces import Workspace
 from .admission import Admission
 from .agent import LoopOutcome
-from .config import Settings
-from .definitions import AgentDefinition, Catalog
 from .delegation import Executor, RunHandle, spawned_event
-from .errors import OrchError
 from .execution import Execution, LiveRun, Provision
 from .gate import Places
-from .models import ModelProvider
-from .paths import project_root
-from .policy import scrubbed_env
-from .process.owner import supervised
-from .run import RunRecord, RunStatus
-from .spec import Launch, RunSpec
-from .store import RunStore
-from .tools import builtin_tools
-from .tools.base import Tool, ToolRegistry
-from .tools.delegate import delegation_tools
-from .workspaces import Workspace
+from .owner import supervised
 
 
 class Driver(Protocol):
@@ -265,7 +266,7 @@ class Runner:
         """Keep ``sandbox.pool_size`` containers started (a no-op at 0) around a root run."""
         if self.settings.sandbox.pool_size <= 0:
             return contextlib.nullcontext()
-        from .workspaces.container.pool import ContainerPool
+        from ..workspaces.container.pool import ContainerPool
 
         return ContainerPool(record.planned().spec.workdir, self.settings.sandbox)
 

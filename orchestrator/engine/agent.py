@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from ..catalog.guidance import environment_section, task_description
+from ..config import Settings
+from ..models.base import Block, Message, Model, ModelRequest, clean_text
+from ..policy.checks import Policy, run_hooks
+from ..run import Evidence, RunRecord, RunStatus, Usage
+from ..store import RunStore
+from ..tools.base import ToolContext, ToolFailure, ToolOutput, ToolRegistry
 from .calls import (
     MAX_PROBLEMS,
     MISSING,
@@ -31,17 +38,10 @@ from .calls import (
     shown_name,
     summarize_input,
 )
-from .config import Settings
-from .guidance import environment_section, task_description
 from .memory import load_memory
-from .models.base import Block, Message, Model, ModelRequest, clean_text
-from .policy import Policy, run_hooks
-from .run import Evidence, RunRecord, RunStatus, Usage
-from .store import RunStore
-from .tools.base import ToolContext, ToolFailure, ToolOutput, ToolRegistry
 
 if TYPE_CHECKING:
-    from .definitions import AgentDefinition, Catalog
+    from ..catalog.definitions import AgentDefinition, Catalog
 
 
 @dataclass

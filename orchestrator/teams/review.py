@@ -1,5 +1,5 @@
 """What a team's reviewer sees and answers: the branch's diff, the prompts of both roles, and
-the JSON :class:`Verdict` parsed from the reviewer's final text (:mod:`orchestrator.team`
+the JSON :class:`Verdict` parsed from the reviewer's final text (:mod:`orchestrator.teams.pair`
 runs the rounds).
 
 The reviewer gets ``git diff base..branch`` (changes to control files listed first) and
@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .branches import control_changes
-from .errors import OrchError
-from .git import RepoPaths, git
+from ..branches import control_changes
+from ..errors import OrchError
+from ..project.git import RepoPaths, git
 
 DIFF_LIMIT = 60_000  # characters of the diff put in the reviewer's prompt
 ANSWER_QUOTE = 2_000  # characters of a malformed answer quoted back to the reviewer

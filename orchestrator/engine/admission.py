@@ -13,18 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Settings
-from .definitions import AgentDefinition, Catalog
-from .errors import OrchError
-from .guidance import ALIASES, resolve_agent
-from .models import ModelProvider
-from .policy import child_tools
-from .process.owner import me, this_node
-from .run import RunRecord, first_line, new_chain_id, new_run_id
-from .spec import Budgets, Launch, RunPlan, RunSpec
-from .store import RunStore
-from .tools.base import ToolRegistry
-from .workspaces.registry import choose_tier, tier_config
+from ..catalog.definitions import AgentDefinition, Catalog
+from ..catalog.guidance import ALIASES, resolve_agent
+from ..config import Settings
+from ..errors import OrchError
+from ..models import ModelProvider
+from ..policy.checks import child_tools
+from ..run import RunRecord, first_line, new_chain_id, new_run_id
+from ..spec import Budgets, Launch, RunPlan, RunSpec
+from ..store import RunStore
+from ..tools.base import ToolRegistry
+from ..workspaces.registry import choose_tier, tier_config
+from .owner import me, this_node
 
 MAX_RESUMES = 100  # how far back a resumed run's lineage is followed
 
@@ -32,8 +32,8 @@ MAX_RESUMES = 100  # how far back a resumed run's lineage is followed
 def branch_exists(workdir: Path, branch: str) -> bool:
     """Whether the repository of ``workdir`` has ``refs/heads/<branch>`` (a run that
     changed nothing left no branch: its continuation starts a new one)."""
-    from .git import git_sync
-    from .repo import discover_sync
+    from ..project.git import git_sync
+    from ..project.repo import discover_sync
 
     try:
         repo = discover_sync(workdir)

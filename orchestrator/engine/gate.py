@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from .run import RunRecord
+from ..run import RunRecord
 
 
 class ChainGate:

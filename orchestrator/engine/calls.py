@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .models.base import Block
+from ..models.base import Block
 
 # What the Messages API takes back in a tool_use block (and the pattern of tool names).
 TOOL_USE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")

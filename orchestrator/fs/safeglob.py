@@ -1,4 +1,4 @@
-"""The walking half of :mod:`orchestrator.safefs`: listing a tree from a directory fd
+"""The walking half of :mod:`orchestrator.fs.safefs`: listing a tree from a directory fd
 without following links, and matching glob patterns by path components."""
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import DenyRule, HookCommand, Settings
 from .commands import BUILTIN_CHECKS, command_words, pipelines
-from .config import DenyRule, HookCommand, Settings
 from .hookguard import HookRefused, hook_env, private_cwd, refusal
 
 DELEGATION_TOOLS = frozenset({"task", "task_output", "task_stop"})

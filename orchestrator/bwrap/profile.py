@@ -37,9 +37,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bwrapfind import FIX, BwrapChoice, bwrap_choice, chosen, own_paths
-from .errors import OrchError
-from .models import secret_env_prefixes
+from ..errors import OrchError
+from ..models import secret_env_prefixes
+from .find import FIX, BwrapChoice, bwrap_choice, chosen, own_paths
 
 __all__ = [
     "ENV_WHITELIST",
