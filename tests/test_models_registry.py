@@ -149,6 +149,10 @@ class EchoProvider:
     env_names = ("ECHO_URL",)
     preload = ("json",)
     api = None
+    whole_run = False
+
+    def portable(self, model_id: str) -> str:
+        return model_id
 
     def fixed(self, model_id: str) -> Model | None:
         return None
@@ -169,6 +173,7 @@ def test_a_new_provider_is_one_module_and_one_registry_line(
     monkeypatch.setitem(registry.PROVIDERS, "echo/", __name__)
     assert "ECHO_URL" in registry.env_names() and "ECHO_" in registry.secret_prefixes()
     assert "json" in registry.preload_modules()
+    assert not registry.whole_run("echo/one") and registry.portable("echo/one") == "echo/one"
     with pytest.raises(UsageError, match="echo/ID"):
         registry.route("other/x")
 
@@ -221,3 +226,14 @@ def test_importing_orch_does_not_import_the_sdk() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
+
+
+def test_a_script_plays_the_whole_run_and_travels_as_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the CLI and the worker host ask of a model spec, answered by its provider."""
+    monkeypatch.chdir(tmp_path)
+    assert registry.whole_run("scripted:s.yaml") and not registry.whole_run("claude-x")
+    assert registry.portable("scripted:s.yaml") == f"scripted:{tmp_path / 's.yaml'}"
+    assert registry.portable("anthropic/claude-x") == "anthropic/claude-x"
+    assert registry.portable("claude-x") == "claude-x"  # no prefix added

@@ -220,7 +220,7 @@ def task(
         raise UsageError("the prompt is empty; say what the agent should do")
     if timeout is not None and not math.isfinite(timeout):
         raise UsageError("--timeout must be a number of seconds greater than 0")
-    from ..models import ModelProvider
+    from ..models import ModelProvider, portable
     from ..workspaces.registry import tier_config
 
     config = tier_config(isolation) if isolation is not None else None
@@ -243,8 +243,8 @@ def task(
             "this orch runs inside an agent's command (ORCH_PARENT_RUN_ID is set): it joins that "
             "agent's chain and cannot run detached; drop --background"
         )
-    if background and model and model.startswith("scripted:"):
-        model = "scripted:" + str(Path(model.removeprefix("scripted:")).resolve())
+    if background and model:
+        model = portable(model)  # a detached process reads it from elsewhere
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
     spec = root_spec(
@@ -309,13 +309,13 @@ def resume(
     and isolation; a child run is resumed by its parent agent (the task tool's resume)."""
     if not prompt.strip():
         raise UsageError("the prompt is empty; say what the agent should do next")
-    from ..models import ModelProvider
+    from ..models import ModelProvider, portable, whole_run
     from ..spec import RunSpec
 
     project = open_project(workdir, model=model)
     old = find_run(project.store, run_id)
-    if background and model and model.startswith("scripted:"):
-        model = "scripted:" + str(Path(model.removeprefix("scripted:")).resolve())
+    if background and model:
+        model = portable(model)  # a detached process reads it from elsewhere
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
     spec = RunSpec(
@@ -323,7 +323,7 @@ def resume(
         workdir=project.workdir,
         resume=old.run_id,
         background=background,
-        model=None if model is None or model.startswith("scripted:") else model,
+        model=None if model is None or whole_run(model) else model,
     )
     runner = make_runner(
         project, provider, agents_dir or [], model_spec=model, overrides={"model": model}

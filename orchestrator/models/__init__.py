@@ -8,7 +8,17 @@ from typing import Protocol
 
 from ..errors import UsageError
 from .base import Model, ModelError, ModelRequest, ModelResponse, ModelUsage
-from .registry import Route, Session, api_env, env_names, preload, preload_modules, route
+from .registry import (
+    Route,
+    Session,
+    api_env,
+    env_names,
+    portable,
+    preload,
+    preload_modules,
+    route,
+    whole_run,
+)
 from .registry import secret_prefixes as secret_env_prefixes
 from .scripted import ScriptedModel, ScriptError
 
@@ -24,10 +34,12 @@ __all__ = [
     "ScriptedModel",
     "api_env",
     "env_names",
+    "portable",
     "preload",
     "preload_modules",
     "route",
     "secret_env_prefixes",
+    "whole_run",
 ]
 
 

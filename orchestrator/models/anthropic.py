@@ -51,6 +51,10 @@ class AnthropicProvider:
     env_names = API.names
     preload = (__name__, "anthropic")
     api = API
+    whole_run = False
+
+    def portable(self, model_id: str) -> str:
+        return model_id
 
     def fixed(self, model_id: str) -> Model | None:
         return None

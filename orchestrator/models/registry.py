@@ -76,6 +76,15 @@ class Provider(Protocol):
     @property
     def api(self) -> ApiEnv | None: ...
 
+    @property
+    def whole_run(self) -> bool:
+        """One model answers every agent of a run (a script, which keeps its place in the
+        run): a run's spec then names no model, and each detached run gets a runner of its
+        own instead of sharing one."""
+
+    def portable(self, model_id: str) -> str:
+        """``model_id`` as another process (another working directory) must read it."""
+
     def fixed(self, model_id: str) -> Model | None:
         """The one model that answers every agent of the run (a script), or None when
         each agent gets the model it names (built by :meth:`open`'s session)."""
@@ -114,6 +123,18 @@ def route(spec: str) -> Route:
             f"alias without a prefix goes to {DEFAULT}; write {DEFAULT}{spec} to send it whole)"
         )
     return Route(DEFAULT, provider(DEFAULT), spec)
+
+
+def whole_run(spec: str) -> bool:
+    """True if ``spec``'s one model answers every agent of the run (see :class:`Provider`)."""
+    return route(spec).provider.whole_run
+
+
+def portable(spec: str) -> str:
+    """``spec`` as a detached process reads it (a script's path made absolute)."""
+    found = route(spec)
+    prefix = found.prefix if spec.startswith(found.prefix) else ""
+    return prefix + found.provider.portable(found.model_id)
 
 
 def _each(attribute: Callable[[Provider], tuple[str, ...]]) -> tuple[str, ...]:

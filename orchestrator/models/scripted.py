@@ -294,6 +294,10 @@ class ScriptedProvider:
     env_names: tuple[str, ...] = ()
     preload: tuple[str, ...] = ()
     api = None
+    whole_run = True  # the script keeps its place in the run
+
+    def portable(self, model_id: str) -> str:
+        return str(Path(model_id).resolve())
 
     def fixed(self, model_id: str) -> ScriptedModel:
         return ScriptedModel.load(Path(model_id))

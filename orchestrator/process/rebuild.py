@@ -64,8 +64,10 @@ class Recipe:
 
     @property
     def scripted(self) -> bool:
-        """A scripted model plays its script once per run: a runner per run."""
-        return (self.model_spec or self.settings.model).startswith("scripted:")
+        """A model that plays a whole run (a script) plays it once: a runner per run."""
+        from ..models import whole_run
+
+        return whole_run(self.settings.resolve_model(self.model_spec or self.settings.model))
 
     @property
     def key(self) -> str:
