@@ -75,6 +75,14 @@ class NullSink:
 
 
 @dataclass
+class ChainTally:
+    """What the open workspaces of one chain in this process count together (made with a
+    root's spec, handed to each child's through its parent's workspace)."""
+
+    containers: int = 0  # container workspaces open (``sandbox.max_per_chain``)
+
+
+@dataclass
 class WorkspaceSpec:
     """Everything a tier needs to open a workspace for one run (``runner`` builds it from
     the settings and the run record: ``workspace_spec``)."""
@@ -93,6 +101,7 @@ class WorkspaceSpec:
     state_dir: Path | None = None  # orch's state dir: hidden, never copied in
     store_paths: tuple[Path, ...] = ()  # every path of the run store: hidden, never copied in
     parent: Workspace | None = None  # the spawner's open workspace (None for a root run)
+    chain: ChainTally = field(default_factory=ChainTally)  # shared with the chain's others
     branch: str | None = None  # an existing orch/* branch to continue
     branch_base: str | None = None  # the commit a continued branch's work is measured from
 
@@ -126,6 +135,7 @@ class WorkspaceSpec:
             state_dir=state_dir,
             store_paths=tuple(Path(p) for p in store_paths),
             parent=parent,
+            chain=parent.spec.chain if parent is not None else ChainTally(),
         )
 
 
@@ -168,6 +178,7 @@ class Runtime(Protocol):
 class Workspace(Protocol):
     isolation: str
     root: Path  # the workspace's directory on the host
+    spec: WorkspaceSpec  # what it was opened with
 
     async def __aenter__(self) -> Self: ...
 

@@ -68,7 +68,6 @@ from .pool import claim_warm
 from .runtime import ContainerRuntime
 from .transfer import NEEDS, SETUP, Staging, base_bundle, bundle_ref, write_archive
 
-_PER_CHAIN: dict[str, int] = {}  # live container workspaces of this process, by chain
 FILL_IN_MEMORY = 64 * 1024 * 1024  # archives up to this go through the program server
 
 
@@ -153,13 +152,12 @@ class ContainerWorkspace(Shielded):
     async def _start(self) -> None:
         spec = self.spec
         self.uid, self.gid = sandbox_user(self.cfg)
-        chain = spec.chain_id
-        if _PER_CHAIN.get(chain, 0) >= self.cfg.max_per_chain:
+        if spec.chain.containers >= self.cfg.max_per_chain:
             raise OrchError(
                 f"this chain already runs {self.cfg.max_per_chain} containers "
                 "(sandbox.max_per_chain); wait for one to end or raise the setting"
             )
-        _PER_CHAIN[chain] = _PER_CHAIN.get(chain, 0) + 1
+        spec.chain.containers += 1
         self._counted = True
         located = await locate(self.root)  # not a repository: UsageError
         self.main = main = located.main()
@@ -377,11 +375,7 @@ class ContainerWorkspace(Shielded):
                 self.spec.sink.release_resource(self.spec.run_id, "checkpoint", resource)
         if self._counted:
             self._counted = False
-            left = _PER_CHAIN.get(self.spec.chain_id, 1) - 1
-            if left > 0:
-                _PER_CHAIN[self.spec.chain_id] = left
-            else:
-                _PER_CHAIN.pop(self.spec.chain_id, None)
+            self.spec.chain.containers -= 1
         if self.box is not None:
             self.box.close()
         if self._client is not None:
