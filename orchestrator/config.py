@@ -15,7 +15,7 @@ import re
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -253,10 +253,21 @@ class SandboxSettings(BaseModel):
 _RAY = not_limit("the whole [ray] table is gated")
 
 
-class RaySettings(BaseModel):
-    """``[ray]``: how runs executed on a Ray cluster ask for its resources (``executor``)."""
+class LocalExecution(BaseModel):
+    """``executor = "local"``: every run executes as a task of the process that started it."""
 
     model_config = ConfigDict(extra="forbid")
+
+    type: ClassVar[str] = "local"
+
+
+class RaySettings(BaseModel):
+    """``[ray]``: how runs executed on a Ray cluster ask for its resources (``executor =
+    "ray"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: ClassVar[str] = "ray"
 
     address: str | None = None  # None: RAY_ADDRESS, else "auto" (a cluster on this machine)
     num_cpus: float = Field(default=1.0, ge=0, json_schema_extra=_RAY)  # per run
@@ -266,6 +277,10 @@ class RaySettings(BaseModel):
     slots: float = Field(default=1.0, gt=0, json_schema_extra=_RAY)
     # a cancelled run's time to end itself
     cancel_grace_s: float = Field(default=30.0, ge=0, json_schema_extra=_RAY)
+
+
+# What ``executor`` chooses between: each config's ``type`` names its executor.
+ExecutionConfig = LocalExecution | RaySettings
 
 
 class Settings(BaseModel):
@@ -363,6 +378,11 @@ class Settings(BaseModel):
             names = ", ".join(bad)
             raise ValueError(f"{names} look like secrets; sandboxed commands never get them")
         return v
+
+    def execution(self) -> ExecutionConfig:
+        """The config of the chosen executor; its ``type`` picks the executor
+        (``process/executor.py::EXECUTORS``)."""
+        return self.ray if self.executor == "ray" else LocalExecution()
 
     def resolve_model(self, name: str | None) -> str:
         name = name or self.model

@@ -286,7 +286,7 @@ class Catalog:
 def bundled_dir(kind: Literal["agents", "skills", "sandboxes"]) -> Path | None:
     """``_bundled/<kind>`` inside an installed wheel, else ``<repo>/<kind>`` in a checkout
     (``sandboxes``: the image build that ``orch sandbox build`` runs)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # orchestrator/
     found = [d for d in (package / "_bundled" / kind, package.parent / kind) if d.is_dir()]
     return found[0] if found else None
 

@@ -54,7 +54,7 @@ class RunHandle:
 
 
 class Executor(Protocol):
-    """Where a run executes when not in this process (the Ray executor of ``executors/``).
+    """Where a run executes when not in this process (chosen in ``process/executor.py``).
 
     The Runner asks ``takes`` once a run has its slot and its place in the chain; ``run``
     executes it elsewhere and returns its ended record, its work on its branch here."""

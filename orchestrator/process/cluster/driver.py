@@ -50,6 +50,7 @@ from . import REMOTE_TIERS
 from .node import NodeResult, NodeTask, run_on_node
 
 if TYPE_CHECKING:
+    from ...config import RaySettings
     from ...engine.runner import Runner
 
 # What a node's environment gets from the spawner's (through the object store, never stored).
@@ -69,9 +70,11 @@ def shared_store(runner: Runner) -> str | None:
 
 
 class RayExecutor:
-    def __init__(self, runner: Runner) -> None:
+    """Worktree and container runs executed on a node of a Ray cluster (``[ray]``)."""
+
+    def __init__(self, runner: Runner, config: RaySettings | None = None) -> None:
         self.runner = runner
-        self.cfg = runner.settings.ray
+        self.cfg = config if config is not None else runner.settings.ray
         self._bundles: dict[Path, Any] = {}  # bundle file -> its ObjectRef
         self._remote: Any = None
         self._secrets: Any = None  # ObjectRef of the forwarded environment
