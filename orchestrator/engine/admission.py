@@ -23,7 +23,8 @@ from ..run import RunRecord, first_line, new_chain_id, new_run_id
 from ..spec import Budgets, Launch, RunPlan, RunSpec
 from ..store import RunStore
 from ..tools.base import ToolRegistry
-from ..workspaces.registry import choose_tier, tier_config
+from ..workspaces.registry import choose_tier, saved_state, tier_config
+from ..workspaces.saved import BranchState
 from .owner import me, this_node
 
 MAX_RESUMES = 100  # how far back a resumed run's lineage is followed
@@ -174,9 +175,10 @@ class Admission:
             raise OrchError(f"cannot resume {old.run_id} as {spec.agent!r}: it is {old.agent!r}")
         before = old.planned().spec
         tier = before.workspace or tier_config(old.isolation)
-        branch = old.workspace.get("branch")
+        saved = saved_state(old.workspace)
+        branch = saved.branch if isinstance(saved, BranchState) and saved.branch else None
         if "branch" in type(tier).model_fields:
-            kept = isinstance(branch, str) and branch_exists(before.workdir, branch)
+            kept = branch is not None and branch_exists(before.workdir, branch)
             tier = tier.model_copy(update={"branch": branch if kept else None})
         if spec.workspace is not None and spec.workspace.type != tier.type:
             raise OrchError(
