@@ -404,3 +404,57 @@ def test_the_repeat_check_finds_a_repeated_block() -> None:
     found = _repeats({"a.py": a, "b.py": b, "c.py": thin, "d.py": thin})
     assert found == [("a.py", 3, "b.py", 6)]  # one place, however many windows it spans
     assert _repeats({"a.py": a + "\n" + a.replace("def f", "def h")}) == [("a.py", 3, "a.py", 15)]
+
+
+# -- nothing sleeps on the event loop --------------------------------------------------------
+
+_BLOCKING = {("time", "sleep"), ("subprocess", "run"), ("subprocess", "check_output")}
+
+
+def _blocking_calls(text: str) -> list[int]:
+    """Lines where an ``async def`` calls a blocking wait itself (not in a function it hands
+    to a thread: nested ``def`` and ``lambda`` bodies are not its own)."""
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_async: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.AsyncFunctionDef):
+                visit(child, True)
+            elif isinstance(child, ast.FunctionDef | ast.Lambda | ast.ClassDef):
+                visit(child, False)
+            else:
+                call = child
+                if (
+                    in_async
+                    and isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name)
+                    and (call.func.value.id, call.func.attr) in _BLOCKING
+                ):
+                    found.append(call.lineno)
+                visit(child, in_async)
+
+    visit(ast.parse(text), False)
+    return found
+
+
+def test_no_coroutine_blocks_the_event_loop() -> None:
+    """``time.sleep`` and a waited-for ``subprocess`` in a coroutine stop every run of the
+    process: they go to a thread (``asyncio.to_thread``) or become their asyncio forms."""
+    blocking = {name: rows for name, text in _sources().items() if (rows := _blocking_calls(text))}
+    assert blocking == {}
+
+
+def test_the_blocking_check_finds_a_sleep_in_a_coroutine() -> None:
+    text = (
+        "import time, asyncio, subprocess\n"
+        "async def bad():\n"
+        "    time.sleep(1)\n"
+        "    def in_thread():\n"
+        "        time.sleep(1)\n"
+        "    await asyncio.to_thread(lambda: time.sleep(1))\n"
+        "    subprocess.run(['true'])\n"
+        "def fine():\n"
+        "    time.sleep(1)\n"
+    )
+    assert _blocking_calls(text) == [3, 7]
