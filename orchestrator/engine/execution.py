@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
-from weakref import WeakValueDictionary
 
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..config import Settings
@@ -46,6 +45,7 @@ class LiveRun:
     here: Path | None = None  # a cluster node's copy of the spawner's repository: run there
     job: asyncio.Task[RunRecord] | None = None
     progress: float = field(default_factory=time.monotonic)  # its last progress (monotonic)
+    workspace: Workspace | None = None  # while open: its children's specs name it
 
     @property
     def held(self) -> bool:
@@ -61,7 +61,7 @@ class Host(Engine, Protocol):
     tools: ToolRegistry
     provision: Provision
     held: dict[str, str]
-    workspaces: WeakValueDictionary[str, Workspace]  # run id -> its open workspace
+    live: dict[str, LiveRun]  # the runs of this process that have not ended
 
     def child_env(self) -> dict[str, str]: ...
 
@@ -82,6 +82,11 @@ class Execution:
         self.drive = drive  # a driver's, instead of a model loop
         self.settings: Settings = host.settings
         self.store: RunStore = host.store
+
+    def _parent_workspace(self) -> Workspace | None:
+        """The spawner's open workspace, when the spawner runs in this process."""
+        parent = self.host.live.get(self.live.record.parent_run_id or "")
+        return parent.workspace if parent is not None else None
 
     async def run(self) -> RunRecord:
         record, store, definition = self.live.record, self.store, self.definition
@@ -107,14 +112,14 @@ class Execution:
             network=definition.network,
             state_dir=self.host.state_dir(spec.workdir),
             store_paths=store_paths(store, spec.workdir),
-            parent=self.host.workspaces.get(record.parent_run_id or ""),
+            parent=self._parent_workspace(),
         )
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")
         ctx: RunContext | None = None
         workspace: Workspace | None = None
         try:
             workspace = self.host.provision(spec.workspace, wspec)
-            self.host.workspaces[record.run_id] = workspace
+            self.live.workspace = workspace
             async with workspace as ws:
                 record = store.update_run(record.run_id, workspace=ws.info())
                 notifications: list[str] = []

@@ -31,7 +31,6 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
-from weakref import WeakValueDictionary
 
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..config import Settings
@@ -45,7 +44,6 @@ from ..store import RunStore
 from ..tools import builtin_tools
 from ..tools.base import Tool, ToolRegistry
 from ..tools.delegate import delegation_tools
-from ..workspaces import Workspace
 from .admission import Admission
 from .agent import LoopOutcome
 from .delegation import Executor, RunHandle, spawned_event
@@ -90,8 +88,6 @@ class Runner:
         self.executor = executor  # None: every run executes in this process
         self.live: dict[str, LiveRun] = {}  # runs admitted or adopted here, not yet ended
         self.held: dict[str, str] = {}  # run id -> the status its ending held back (on a node)
-        # run id -> its workspace, while it lives: a child's spec names its parent's
-        self.workspaces: WeakValueDictionary[str, Workspace] = WeakValueDictionary()
         self.places = Places(settings.max_parallel_children, settings.max_chain_running)
         self._env: dict[str, str] | None = None
         self._state_dir: Path | None = None
