@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,3 +248,33 @@ def test_worktrees_prune_drops_stale_checkpoints_and_bundle_refs(tmp_path: Path)
     assert sorted(json.loads(r.stdout)["deleted_refs"]) == sorted(stale)
     assert sh(repo, "for-each-ref", "--format=%(refname)", "refs/orch/") == live
     sh(repo, "update-ref", "-d", live)
+
+
+def test_a_lock_left_by_a_cancelled_bundle_does_not_block_the_next(tmp_path: Path) -> None:
+    """Cancelling a container's start kills its ``git update-ref`` of the base bundle's ref,
+    which may leave that ref's lock behind; the next start in this process (the worker host
+    lives on) makes its bundle all the same. A planted link is not followed to a lock."""
+    import asyncio
+
+    from orchestrator.project.repo import discover
+    from orchestrator.workspaces.container import transfer
+
+    repo = make_repo(tmp_path / "proj")
+    head = sh(repo, "rev-parse", "HEAD")
+    paths = asyncio.run(discover(repo)).main()
+    ref = transfer.bundle_ref(head)
+    lock = paths.common_dir / f"{ref}.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(head)  # what a killed update-ref leaves
+    bundle = asyncio.run(transfer.base_bundle(paths, head))
+    assert bundle.is_file() and not lock.exists()
+    assert sh(repo, "for-each-ref", "refs/orch/") == ""  # the ref went too
+    # refs/orch planted as a link elsewhere: nothing there is removed
+    elsewhere = tmp_path / "elsewhere" / "in"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / f"{ref.rsplit('/', 1)[1]}.lock").write_text("not ours")
+    orch_refs = paths.common_dir / "refs" / "orch"
+    shutil.rmtree(orch_refs)
+    orch_refs.symlink_to(elsewhere.parent)
+    transfer.drop_stale_lock(paths, ref)
+    assert (elsewhere / f"{ref.rsplit('/', 1)[1]}.lock").read_text() == "not ours"

@@ -153,8 +153,32 @@ async def base_bundle(repo: RepoPaths, commit: str) -> Path:
         return path
 
 
+def drop_stale_lock(repo: RepoPaths, ref: str) -> None:
+    """Remove the lock a git killed mid-write left on ``ref`` (cancelling a git command kills
+    it: the next ``update-ref`` of that name would fail on "File exists"). Only for a ref of
+    this process's own (its name holds our pid: no other process takes it), opened beneath
+    the repository without following a link."""
+    *dirs, name = ref.split("/")
+    try:
+        fd = os.open(repo.common_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        for part in dirs:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.unlink(f"{name}.lock", dir_fd=fd)
+    except OSError:  # no such lock (the usual case), or a planted link: left alone
+        pass
+    finally:
+        os.close(fd)
+
+
 async def bundle_commit(repo: RepoPaths, commit: str, dest: Path, ref: str) -> None:
-    """``dest``: a bundle of ``commit`` (all its history) under the name ``ref``."""
+    """``dest``: a bundle of ``commit`` (all its history) under the name ``ref`` (one of
+    this process's: a lock a cancelled try left on it is removed first)."""
+    drop_stale_lock(repo, ref)
     try:  # the ref goes whatever happens, also when cancelled while it is being made
         await git("update-ref", ref, commit, repo=repo)
         await git("bundle", "create", "-q", str(dest), ref, repo=repo)
