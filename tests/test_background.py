@@ -469,3 +469,38 @@ def test_watch_and_follow_end_with_the_run(project: Path) -> None:
     )
     bad = json.loads(r.stdout)["run_id"]
     assert orch("watch", bad, "--interval", "0.2", cwd=project).returncode == 1
+
+
+def test_reconcile_leaves_a_run_handed_to_a_new_owner_since_its_listing(tmp_path: Path) -> None:
+    """A launcher hands its background run to the worker host, which writes its own pid,
+    then the launcher exits. A reconcile that listed the run before the handoff and judges it
+    after sees the launcher gone: it must judge the record as it is now (it interrupted
+    live runs of the host, 2 in 100, under `orch task --background` launched 4 at a time)."""
+    from orchestrator.engine.owner import me
+    from orchestrator.process.reconcile import reconcile
+    from orchestrator.run import RunRecord
+
+    store = SqliteStore(tmp_path / "orch.db")
+    launcher = subprocess.Popen(["true"])
+    launcher.wait(30)  # the launcher: exited after the handoff
+    record = RunRecord(
+        run_id="r-00000000000a", chain_id="c-1", status=RunStatus.RUNNING, pid=launcher.pid
+    )
+    store.create_run(record)
+    listed = store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING])
+    pid, start = me()  # the host (this process: alive) took it over after the listing
+    store.update_run(record.run_id, pid=pid, pid_start=start)
+
+    class Snapshot:  # the store as reconcile sees it: the listing from before the handoff
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def list_runs(self, **_: Any) -> list[RunRecord]:
+            return listed
+
+    assert reconcile(Snapshot()) == []
+    assert store.require_run(record.run_id).status == RunStatus.RUNNING
+    # with no new owner, the gone launcher's run is interrupted as before
+    store.update_run(record.run_id, pid=launcher.pid, pid_start=None)
+    ended = reconcile(Snapshot())
+    assert [r.status for r in ended] == [RunStatus.INTERRUPTED]

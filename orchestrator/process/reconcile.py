@@ -48,6 +48,10 @@ def reap(store: RunStore, run_id: str) -> list[str]:
     return done
 
 
+def owner_of(record: RunRecord) -> tuple[str | None, int | None, int | None]:
+    return (record.node, record.pid, record.pid_start)
+
+
 def reconcile(store: RunStore) -> list[RunRecord]:
     """Mark runs whose owner is gone as interrupted and reap their resources."""
     fixed: list[RunRecord] = []
@@ -58,8 +62,13 @@ def reconcile(store: RunStore) -> list[RunRecord]:
     for rec in live:
         if owner_alive(rec, beats.get(rec.run_id)):
             continue
-        current = store.get_run(rec.run_id)  # the owner may have ended it since the listing
+        # The listing is a snapshot: since then the owner may have ended the run, or handed
+        # it to a new owner (a launcher hands a background run to the worker host, which
+        # writes its pid before the launcher exits). Judge the record as it is now.
+        current = store.get_run(rec.run_id)
         if current is None or current.status.ended:
+            continue
+        if owner_of(current) != owner_of(rec) and owner_alive(current, beats.get(rec.run_id)):
             continue
         # a remote owner's resources are on its node: nothing of them is here to reap
         actions = [] if foreign(rec) else reap(store, rec.run_id)
