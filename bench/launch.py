@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from store import _row, stop_warm  # noqa: E402  (bench/store.py)
+from store import _row, as_home, stop_warm  # noqa: E402  (bench/store.py)
 
 from orchestrator.process import warmhome as warm  # noqa: E402
 from orchestrator.run import RunStatus  # noqa: E402
@@ -121,35 +121,36 @@ def run() -> list[dict[str, Any]]:
         script.write_text(SCRIPT)
         home = base / "home"
         home.mkdir()
-        launched: list[tuple[Path, str]] = []
-        repos: list[Path] = []
-        try:
-            cold = []
-            # each sample alone: its run (and the host that starts for it, importing orch
-            # on the same 2 cores) ends before the next sample starts
-            cold_env = _env(home, ORCH_WARM_IDLE="0", ORCH_HOST_IDLE="0")
-            for i in range(COLD_RUNS):
-                repos.append(_repo(base / f"cold{i}"))
-                took, run_id = _launch(repos[-1], cold_env, script)
-                cold.append(took)
-                _all_succeeded([(repos[-1], run_id)])
+        with as_home(home):  # the runs' state is read in this process too
+            launched: list[tuple[Path, str]] = []
+            repos: list[Path] = []
+            try:
+                cold = []
+                # each sample alone: its run (and the host that starts for it, importing orch
+                # on the same 2 cores) ends before the next sample starts
+                cold_env = _env(home, ORCH_WARM_IDLE="0", ORCH_HOST_IDLE="0")
+                for i in range(COLD_RUNS):
+                    repos.append(_repo(base / f"cold{i}"))
+                    took, run_id = _launch(repos[-1], cold_env, script)
+                    cold.append(took)
+                    _all_succeeded([(repos[-1], run_id)])
+                    launched.append((repos[-1], run_id))
+                warm_env = _env(home, ORCH_WARM_IDLE="120")
+                repos.append(_repo(base / "warm"))
+                _warm_up(home, warm_env, repos[-1])
+                first, run_id = _launch(repos[-1], warm_env, script)  # starts the worker host
                 launched.append((repos[-1], run_id))
-            warm_env = _env(home, ORCH_WARM_IDLE="120")
-            repos.append(_repo(base / "warm"))
-            _warm_up(home, warm_env, repos[-1])
-            first, run_id = _launch(repos[-1], warm_env, script)  # starts the worker host
-            launched.append((repos[-1], run_id))
-            time.sleep(2)  # the host imports the engine once
-            hot = []
-            for _ in range(WARM_RUNS):
-                took, run_id = _launch(repos[-1], warm_env, script)
-                hot.append(took)
-                launched.append((repos[-1], run_id))
-            _all_succeeded(launched)
-            raw = _raw()
-        finally:
-            stop_warm(home)
-            _stop_hosts(repos)
+                time.sleep(2)  # the host imports the engine once
+                hot = []
+                for _ in range(WARM_RUNS):
+                    took, run_id = _launch(repos[-1], warm_env, script)
+                    hot.append(took)
+                    launched.append((repos[-1], run_id))
+                _all_succeeded(launched)
+                raw = _raw()
+            finally:
+                stop_warm(home)
+                _stop_hosts(repos)
     c, w = statistics.median(cold), statistics.median(hot)
     load = os.getloadavg()[0]
     rows = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,22 @@ def _fill(root: Path, n: int) -> None:
     store.close()
 
 
+@contextlib.contextmanager
+def as_home(home: Path) -> Iterator[None]:
+    """This process with ``home`` as its HOME: the user's state key is read from HOME
+    (``project/statedir.py``), so the state it writes is the state the commands it starts
+    with that HOME accept as theirs."""
+    before = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = before
+
+
 def stop_warm(home: Path) -> None:
     """End the warm processes of ``home`` (their sockets' peers) and wait for them."""
     for path in (home / ".orch" / "warm").glob("*.sock"):
@@ -117,9 +135,10 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        _fill(root, n)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         (root / "home").mkdir()  # a HOME of its own: its warm process is the bench's
+        with as_home(root / "home"):
+            _fill(root, n)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         env |= {"HOME": str(root / "home"), "ORCH_WARM_IDLE": "60"}
         cold_env = env | {"ORCH_WARM_IDLE": "0"}
         orch_cmd = [sys.executable, "-m", "orchestrator", "ps", "--json", "-C", tmp]
@@ -180,7 +199,8 @@ def ps_10k(n: int = 10_000, samples: int = 5) -> list[dict[str, Any]]:
             rows.append(_row(f"{what}, no warm process (ORCH_WARM_IDLE=0)", cold, raw_ms,
                              "report", True))  # fmt: skip
         stop_warm(root / "home")
-        store = SqliteStore.for_project(root)
+        with as_home(root / "home"):
+            store = SqliteStore.for_project(root)
         t0 = time.perf_counter()
         store.list_raw()
         inner = (time.perf_counter() - t0) * 1000

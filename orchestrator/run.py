@@ -137,26 +137,28 @@ class RunRecord(BaseModel):
     updated_at: float = Field(default_factory=now)
     ended_at: float | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_options(cls, data: Any) -> Any:
-        """A record stored by an older orch keeps its plan and launch in one ``options``
-        dict: read into the typed fields (a plan that no longer validates is dropped, so
-        the record still loads for ``orch ps``; running it says what is missing)."""
-        if not isinstance(data, dict) or "options" not in data:
-            return data
-        data = dict(data)
-        options = data.pop("options") or {}
-        if "plan" not in data and "spec" in options:
+    # An older orch kept the plan and the launch in this one dict: read into ``plan`` and
+    # ``launch`` once loaded (an after-validator keeps pydantic's fast JSON path), never
+    # written again.
+    options: dict[str, Any] | None = Field(default=None, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _legacy_options(self) -> RunRecord:
+        """A plan that no longer validates is dropped, so the record still loads for ``orch
+        ps``; running it says what is missing."""
+        options, self.options = self.options, None
+        if not options:
+            return self
+        if self.plan is None and "spec" in options:
             keys = ("spec", "max_turns", "timeout_seconds", "budgets")
             plan = {k: options[k] for k in keys if options.get(k) is not None}
             try:
-                data["plan"] = RunPlan.model_validate(plan)
+                self.plan = RunPlan.model_validate(plan)
             except ValidationError:
-                data["plan"] = None
-        if "launch" not in data and options.get("launch"):
-            data["launch"] = options["launch"]
-        return data
+                self.plan = None
+        if "launch" not in self.model_fields_set and options.get("launch"):
+            self.launch = Launch.model_validate(options["launch"])
+        return self
 
     def planned(self) -> RunPlan:
         """This run's plan; an OrchError for a record that keeps none."""
