@@ -101,6 +101,7 @@ class SqlStore(Endings):
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
+        self._update: str | None = None  # the UPDATE of a run's changing columns
 
     def describe(self) -> str:
         return self.dialect.describe()
@@ -152,8 +153,10 @@ class SqlStore(Endings):
     def _save(self, q: Query, record: RunRecord) -> None:
         record.updated_at = now()
         cols = self._columns(record)
-        sets = ", ".join(f"{name} = ?" for name in cols)
-        q(f"UPDATE runs SET {sets} WHERE run_id = ?", [*cols.values(), record.run_id])
+        if self._update is None:  # the same columns every time: the statement is made once
+            sets = ", ".join(f"{name} = ?" for name in cols)
+            self._update = f"UPDATE runs SET {sets} WHERE run_id = ?"
+        q(self._update, [*cols.values(), record.run_id])
 
     def update_run(self, run_id: str, **fields: Any) -> RunRecord:
         """Set fields of a run in one transaction (read-modify-write, no lost updates)."""

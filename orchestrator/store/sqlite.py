@@ -131,8 +131,14 @@ class SqliteDialect:
 
     @contextmanager
     def transaction(self) -> Iterator[Query]:
-        with self._immediate() as conn:
+        conn = self.conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
             yield lambda sql, args: conn.execute(sql, args).fetchall()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return self.conn().execute(sql, args).fetchall()
