@@ -504,3 +504,46 @@ def test_reconcile_leaves_a_run_handed_to_a_new_owner_since_its_listing(tmp_path
     store.update_run(record.run_id, pid=launcher.pid, pid_start=None)
     ended = reconcile(Snapshot())
     assert [r.status for r in ended] == [RunStatus.INTERRUPTED]
+
+
+def test_reap_kills_what_of_a_run_left_its_process_group(tmp_path: Path) -> None:
+    """bwrap makes the sandboxed command a session of its own; if bwrap's parent dies before
+    the sandbox has its parent-death signal, killing the registered group leaves the sandbox
+    running (seen under load: `test_a_caller_killed_takes_its_command_with_it`). Reap also
+    kills this uid's processes started since the group that carry the run's mark (a
+    command's environment, bwrap's --setenv), and nothing else."""
+    from orchestrator.process.reconcile import reap
+    from orchestrator.project.statedir import sign
+    from orchestrator.workspaces.base import group_ref
+
+    store = SqliteStore(tmp_path / "orch.db")
+    run_id = "r-0000000000aa"
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    ref = group_ref(leader.pid)
+    mark = {**os.environ, "ORCH_PARENT_RUN_ID": run_id}
+    escaped = subprocess.Popen(["sleep", "61"], start_new_session=True, env=mark)
+    bwrap_like = subprocess.Popen(  # a mark in its argv, as bwrap's --setenv
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(62)",
+            "--setenv",
+            "ORCH_PARENT_RUN_ID",
+            run_id,
+        ],
+        start_new_session=True,
+    )
+    other = subprocess.Popen(  # another run's command: left alone
+        ["sleep", "63"], start_new_session=True, env={**mark, "ORCH_PARENT_RUN_ID": "r-other"}
+    )
+    try:
+        store.register_resource(run_id, "pgroup", sign(run_id, "pgroup", ref))
+        done = reap(store, run_id)
+        assert done == [f"killed process group {leader.pid}"]
+        for proc in (leader, escaped, bwrap_like):
+            assert proc.wait(10) == -9
+        assert other.poll() is None
+    finally:
+        for proc in (leader, escaped, bwrap_like, other):
+            proc.kill()
+            proc.wait(30)

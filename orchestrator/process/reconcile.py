@@ -16,7 +16,7 @@ from ..engine.owner import foreign, owner_alive
 from ..project.statedir import verified
 from ..run import RunRecord, RunStatus, now
 from ..store import RunStore
-from ..workspaces.base import kill_group_ref
+from ..workspaces.base import kill_group_ref, kill_marked
 
 SIGNED = ("pgroup", "container")  # refs signed at registration (statedir.sign)
 
@@ -32,7 +32,8 @@ def reap(store: RunStore, run_id: str) -> list[str]:
                 f"left {kind} {signed.split(' ')[0][:24]} alone: not registered by this user's orch"
             )
         elif kind == "pgroup":
-            if kill_group_ref(ref):
+            # the group, and what of the run left it (bwrap makes the sandbox a session)
+            if kill_group_ref(ref) + kill_marked(run_id, ref):
                 done.append(f"killed process group {ref.partition(':')[0]}")
         elif kind == "worktree":
             from ..workspaces.worktree import salvage_worktree

@@ -283,6 +283,53 @@ def kill_group_ref(ref: str) -> int:
     return killed
 
 
+RUN_MARK = "ORCH_PARENT_RUN_ID"  # every command of a run gets it (host tiers: by --setenv)
+
+
+def _marked(pid: str, run_id: str) -> bool:
+    """True if the process carries ``run_id``'s mark: in its environment (a command), or
+    as bwrap's ``--setenv`` for the command it sandboxes (bwrap's own processes)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    mark = f"{RUN_MARK}={run_id}".encode()
+    setenv = f"--setenv\0{RUN_MARK}\0{run_id}\0".encode()
+    return mark in environ.split(b"\0") or setenv in argv
+
+
+def kill_marked(run_id: str, ref: str) -> int:
+    """Kill what a run started that left its process group (bwrap makes the sandboxed
+    command a session of its own; when bwrap's parent is killed before the sandbox has
+    its parent-death signal, the sandbox outlives the group's kill): processes of this
+    uid, started no earlier than the registered group's leader (``ref``, as for
+    :func:`kill_group_ref`), that carry the run's mark. Returns how many were signalled."""
+    try:
+        since = int(ref.partition(":")[2] or 0)
+    except ValueError:
+        return 0
+    if since <= 0:
+        return 0  # no proof, no kill
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        fields = _stat(entry.name)
+        if fields is None or int(fields[19]) < since:
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue  # never another user's process
+        except OSError:
+            continue
+        if _marked(entry.name, run_id):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
 def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
     """A task that ends when the process exits, even while its pipes stay open.
 
