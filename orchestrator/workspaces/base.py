@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -267,19 +267,28 @@ def kill_group_ref(ref: str) -> int:
     leader = process_start(pgid)
     if leader is not None and leader != start:
         return 0  # the id now leads another group
+    return _kill_ours_since(start, lambda pid, fields: int(fields[2]) == pgid)
+
+
+def _kill_ours_since(since: int, chosen: Callable[[str, list[str]], bool]) -> int:
+    """SIGKILL this uid's processes (never this one) started no earlier than ``since``
+    (clock ticks) that ``chosen(pid, stat fields)`` picks; returns how many were signalled."""
     killed = 0
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         fields = _stat(entry.name)
-        if fields is None or int(fields[2]) != pgid or int(fields[19]) < start:
+        if fields is None or int(fields[19]) < since:
             continue
-        with contextlib.suppress(OSError):
+        try:
             if entry.stat().st_uid != os.getuid():
                 continue  # never another user's process
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed += 1
+        except OSError:
+            continue  # gone meanwhile
+        if chosen(entry.name, fields):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
     return killed
 
 
@@ -311,23 +320,7 @@ def kill_marked(run_id: str, ref: str) -> int:
         return 0
     if since <= 0:
         return 0  # no proof, no kill
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        fields = _stat(entry.name)
-        if fields is None or int(fields[19]) < since:
-            continue
-        try:
-            if entry.stat().st_uid != os.getuid():
-                continue  # never another user's process
-        except OSError:
-            continue
-        if _marked(entry.name, run_id):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-    return killed
+    return _kill_ours_since(since, lambda pid, fields: _marked(pid, run_id))
 
 
 def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
