@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OrchError
+from ..fs.realpath import resolved, resolved_lax
 from ..models import secret_env_prefixes
 from .find import FIX, BwrapChoice, bwrap_choice, chosen, own_paths
 
@@ -157,7 +158,7 @@ def available(setting: str = "auto") -> str | None:
 
 def _absolute(path: Path) -> Path:
     """``path`` absolute with symlinks resolved (a mount follows them anyway)."""
-    return Path(os.path.abspath(path)).resolve()
+    return resolved_lax(path)
 
 
 def _depth(path: Path) -> int:
@@ -206,7 +207,8 @@ class OsSandbox:
             for root in writable:  # a mount point cannot be renamed: pin the way to it
                 if path.is_relative_to(root):
                     pinned.update(a for a in path.parents if a.is_relative_to(root) and a != root)
-        for path in self._existing(self.hidden):  # renaming a parent would unhide it
+        hidden = self._existing(self.hidden)
+        for path in hidden:  # renaming a parent would unhide it
             for root in writable:
                 if path.is_relative_to(root):
                     pinned.update(a for a in path.parents if a.is_relative_to(root) and a != root)
@@ -216,7 +218,7 @@ class OsSandbox:
             resolv = _absolute(RESOLV_CONF)
             if resolv.is_relative_to(PRIVATE_RUN) and resolv.exists():
                 add(resolv, _READ_ONLY, ["--ro-bind", str(resolv), str(resolv)])
-        for path in self._existing(self.hidden):
+        for path in hidden:
             if path.is_dir():
                 add(path, _HIDDEN, ["--tmpfs", str(path)])
                 remount_ro.append(path)
@@ -237,8 +239,7 @@ class OsSandbox:
 
     @staticmethod
     def _existing(paths: Iterable[Path]) -> list[Path]:
-        found = (_absolute(p) for p in paths)
-        return [p for p in found if p.exists()]
+        return [p for p in map(resolved, paths) if p is not None]
 
     def wrap(self, argv: Sequence[str], cwd: Path) -> list[str]:
         """The argv that runs ``argv`` in ``cwd`` inside this sandbox.

@@ -249,7 +249,9 @@ class AgentRun:
             if response.text:
                 self.last_text = response.text
                 ctx.store.add_event(ctx.run_id, "assistant_text", text_event(turns, response.text))
-            ctx.store.update_run(ctx.run_id, usage=ctx.usage, summary=self.last_text[:2000])
+            ctx.store.patch_run(
+                ctx.run_id, usage=ctx.usage.model_copy(), summary=self.last_text[:2000]
+            )
             if not calls and response.stop_reason == "max_tokens":
                 # The answer was cut at the output limit: ask for the rest, keep the part.
                 self.cut_parts.append(response.raw_text)

@@ -25,7 +25,7 @@ from ..models import ModelProvider
 from ..policy.checks import Policy, run_hooks
 from ..run import RunRecord, RunStatus, now
 from ..spec import RunSpec
-from ..store import RunStore, store_paths
+from ..store import RunStore
 from ..tools.base import ToolContext, ToolRegistry
 from ..workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
 from .agent import AgentRun, LoopOutcome, RunContext
@@ -67,6 +67,8 @@ class Host(Engine, Protocol):
 
     def state_dir(self, workdir: Path) -> Path: ...
 
+    def store_paths(self, workdir: Path) -> list[str]: ...
+
 
 class Execution:
     def __init__(
@@ -95,7 +97,7 @@ class Execution:
             spec = spec.model_copy(update={"workdir": self.live.here})
         assert spec.workspace is not None  # admission resolved it
         pid, pid_start = me()
-        store.update_run(
+        store.patch_run(
             record.run_id,
             status=RunStatus.RUNNING,
             started_at=now(),
@@ -111,7 +113,7 @@ class Execution:
             sink=store,
             network=definition.network,
             state_dir=self.host.state_dir(spec.workdir),
-            store_paths=store_paths(store, spec.workdir),
+            store_paths=self.host.store_paths(spec.workdir),
             parent=self._parent_workspace(),
         )
         outcome = LoopOutcome(RunStatus.FAILED, "", "did not start")

@@ -40,7 +40,7 @@ from ..policy.checks import scrubbed_env
 from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..spec import Launch, RunSpec
-from ..store import RunStore
+from ..store import RunStore, store_paths
 from ..tools import builtin_tools
 from ..tools.base import Tool, ToolRegistry
 from ..tools.delegate import delegation_tools
@@ -91,6 +91,7 @@ class Runner:
         self.places = Places(settings.max_parallel_children, settings.max_chain_running)
         self._env: dict[str, str] | None = None
         self._state_dir: Path | None = None
+        self._store_paths: dict[Path, list[str]] = {}
         self.rules = Admission(settings, store, catalog, models, self.tools)
 
     @property
@@ -223,6 +224,14 @@ class Runner:
             home = os.environ.get("ORCH_HOME")
             self._state_dir = Path(home) if home else project_root(workdir) / ".orch"
         return self._state_dir
+
+    def store_paths(self, workdir: Path) -> list[str]:
+        """Every path through which a run in ``workdir`` reaches a store (``store_paths``),
+        found once per workdir: what an agent later plants there (a ``.git`` that makes
+        its directory a project of its own) cannot move the store out of the hidden set."""
+        if (found := self._store_paths.get(workdir)) is None:
+            found = self._store_paths[workdir] = store_paths(self.store, workdir)
+        return found
 
     async def _execute(self, live: LiveRun, driver: Driver | None) -> RunRecord:
         record = live.record

@@ -214,7 +214,12 @@ class RunStore(ResourceSink, Endings, Protocol):
         ...
 
     def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
-        """A tool call as last/recent activity, plus fields; one transaction, no-op if absent."""
+        """A tool call as last/recent activity, plus fields; no-op if absent; a progress
+        write (``add_event``)."""
+        ...
+
+    def patch_run(self, run_id: str, **fields: Any) -> None:
+        """Set fields of a run, no answer, no-op if absent; a progress write (``add_event``)."""
         ...
 
     # -- ownership across processes -------------------------------------------
@@ -231,8 +236,9 @@ class RunStore(ResourceSink, Endings, Protocol):
         ...
 
     # -- events and outputs ---------------------------------------------------
-    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
-        """Append an event, one transaction; returns its id (increasing within the store)."""
+    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> None:
+        """Append an event (its id increases within the store); a progress write: in an
+        event loop, written with the loop turn's other progress (``batch``)."""
         ...
 
     def events(self, run_id: str, after_id: int = 0) -> list[dict[str, Any]]:
@@ -249,7 +255,7 @@ class RunStore(ResourceSink, Endings, Protocol):
 
     # -- transcripts (resume) ---------------------------------------------------
     def save_transcript(self, run_id: str, messages: list[dict[str, Any]]) -> None:
-        """Store (or replace) a run's conversation as sent to the model, one transaction;
+        """Store (or replace) a run's conversation as sent to the model, a progress write;
         bounded by :func:`bound_transcript` (the first message and the latest turns)."""
         ...
 
@@ -264,11 +270,12 @@ class RunStore(ResourceSink, Endings, Protocol):
 
     # -- resources (ResourceSink) ---------------------------------------------
     def register_resource(self, run_id: str, kind: str, ref: str) -> None:
-        """Record that run_id (in this process) owns (kind, ref); upsert, one transaction."""
+        """Record that run_id (in this process) owns (kind, ref); upsert; a progress write
+        (``add_event``)."""
         ...
 
     def release_resource(self, run_id: str, kind: str, ref: str) -> None:
-        """Forget (kind, ref) once it is cleaned up; a no-op if unknown."""
+        """Forget (kind, ref) once it is cleaned up; a no-op if unknown; a progress write."""
         ...
 
     def resources(self, run_id: str | None = None) -> list[dict[str, Any]]:

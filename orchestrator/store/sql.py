@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
 from .base import ChainUsage, Endings, bound_transcript
+from .batch import WriteBehind, statement
 
 RECENT_ACTIVITIES = 5
 LIKE_ESCAPE = "\\"
@@ -102,6 +103,22 @@ class SqlStore(Endings):
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
         self._update: str | None = None  # the UPDATE of a run's changing columns
+        # progress writes, one transaction per loop turn (``batch``)
+        self._behind = WriteBehind(dialect.transaction, self._load_progress, self._save)
+
+    # every statement of the store writes the queued progress first: this process reads
+    # what it wrote, in the order it wrote it
+    def _transaction(self) -> AbstractContextManager[Query]:
+        self._behind.flush()
+        return self.dialect.transaction()
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        self._behind.flush()
+        return self.dialect.read(sql, args)
+
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> Written:
+        self._behind.flush()
+        return self.dialect.write(sql, args)
 
     def describe(self) -> str:
         return self.dialect.describe()
@@ -110,6 +127,7 @@ class SqlStore(Endings):
         return self.dialect.paths()
 
     def close(self) -> None:
+        self._behind.flush()
         self.dialect.close()
 
     def _absent(self, *ids: str) -> bool:
@@ -139,9 +157,7 @@ class SqlStore(Endings):
             **self._columns(record),
         }
         names = ", ".join(cols)
-        self.dialect.write(
-            f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values())
-        )
+        self._write(f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values()))
 
     def _load(self, q: Query, run_id: str, *, progress: bool = False) -> RunRecord | None:
         """The run, its row held to the end of the transaction."""
@@ -149,6 +165,9 @@ class SqlStore(Endings):
             return None
         rows = q(self.dialect.lock_run(progress=progress), (run_id,))
         return _record(rows[0]) if rows else None
+
+    def _load_progress(self, q: Query, run_id: str) -> RunRecord | None:
+        return self._load(q, run_id, progress=True)
 
     def _save(self, q: Query, record: RunRecord) -> None:
         record.updated_at = now()
@@ -160,7 +179,7 @@ class SqlStore(Endings):
 
     def update_run(self, run_id: str, **fields: Any) -> RunRecord:
         """Set fields of a run in one transaction (read-modify-write, no lost updates)."""
-        with self.dialect.transaction() as q:
+        with self._transaction() as q:
             record = self._load(q, run_id)
             if record is None:
                 raise NotFound(f"no run {run_id!r} in {self.describe()}")
@@ -175,7 +194,7 @@ class SqlStore(Endings):
         For those who end a run they do not own (reconcile, a forced cancel): if the
         owner finished it meanwhile, its own ending stands and None is returned.
         """
-        with self.dialect.transaction() as q:
+        with self._transaction() as q:
             record = self._load(q, run_id)
             if record is None or record.status.ended:
                 return None
@@ -186,21 +205,17 @@ class SqlStore(Endings):
 
     def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
         """Progress write for one tool call: last/recent activity plus counters."""
-        with self.dialect.transaction() as q:
-            record = self._load(q, run_id, progress=True)
-            if record is None:
-                return
-            act = Activity(tool=tool, summary=activity[:200], at=now())
-            record.last_activity = act
-            record.recent_activities = [*record.recent_activities, act][-RECENT_ACTIVITIES:]
-            for key, value in fields.items():
-                setattr(record, key, value)
-            self._save(q, record)
+        act = Activity(tool=tool, summary=activity[:200], at=now())
+        self._behind.add(lambda unit: _noted(unit.run(run_id), act, fields))
+
+    def patch_run(self, run_id: str, **fields: Any) -> None:
+        """Set fields of a run with this loop turn's progress (no answer; no-op if absent)."""
+        self._behind.add(lambda unit: _noted(unit.run(run_id), None, fields))
 
     def get_run(self, run_id: str) -> RunRecord | None:
         if self._absent(run_id):
             return None
-        rows = self.dialect.read("SELECT data FROM runs WHERE run_id = ?", (run_id,))
+        rows = self._read("SELECT data FROM runs WHERE run_id = ?", (run_id,))
         return _record(rows[0]) if rows else None
 
     def require_run(self, run_id: str) -> RunRecord:
@@ -213,7 +228,7 @@ class SqlStore(Endings):
 
     def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
         used = self.dialect.chain_tokens if tokens else "0"
-        rows = self.dialect.read(
+        rows = self._read(
             f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {LIVE} THEN 1 ELSE 0 END), 0), {used}"
             " FROM runs WHERE chain_id = ?",
             (chain_id,),
@@ -224,7 +239,7 @@ class SqlStore(Endings):
     def find_runs(self, prefix: str) -> list[RunRecord]:
         if self._absent(prefix):
             return []
-        rows = self.dialect.read(
+        rows = self._read(
             "SELECT run_id, data FROM runs WHERE run_id LIKE ? ESCAPE ?"
             " ORDER BY created_at, run_id",
             (like_prefix(prefix), LIKE_ESCAPE),
@@ -255,10 +270,10 @@ class SqlStore(Endings):
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        return [_record(r) for r in self.dialect.read(sql, args)]
+        return [_record(r) for r in self._read(sql, args)]
 
     def children(self, run_id: str) -> list[RunRecord]:
-        rows = self.dialect.read(
+        rows = self._read(
             "SELECT data FROM runs WHERE parent_run_id = ? ORDER BY created_at, run_id", (run_id,)
         )
         return [_record(r) for r in rows]
@@ -276,7 +291,7 @@ class SqlStore(Endings):
         return out
 
     def _children_of(self, parents: list[str]) -> Iterator[RunRecord]:
-        rows = self.dialect.read(
+        rows = self._read(
             f"SELECT data FROM runs WHERE parent_run_id IN ({marks(parents)})"
             " ORDER BY created_at, run_id",
             parents,
@@ -286,11 +301,11 @@ class SqlStore(Endings):
     # -- ownership: heartbeats and cross-process cancel requests ---------------------
     def heartbeat(self, run_ids: list[str]) -> None:
         if run_ids:
-            self.dialect.write(self.dialect.heartbeat.format(ids=marks(run_ids)), (now(), *run_ids))
+            self._write(self.dialect.heartbeat.format(ids=marks(run_ids)), (now(), *run_ids))
 
     def request_cancel(self, run_ids: list[str]) -> None:
         if run_ids:
-            self.dialect.write(
+            self._write(
                 f"UPDATE runs SET cancel_requested = TRUE WHERE run_id IN ({marks(run_ids)})",
                 run_ids,
             )
@@ -298,7 +313,7 @@ class SqlStore(Endings):
     def cancel_requests(self, run_ids: list[str]) -> set[str]:
         if not run_ids:
             return set()
-        rows = self.dialect.read(
+        rows = self._read(
             f"SELECT run_id FROM runs WHERE cancel_requested AND run_id IN ({marks(run_ids)})",
             run_ids,
         )
@@ -313,22 +328,21 @@ class SqlStore(Endings):
             args.append(since)
         sql += " ORDER BY created_at, run_id"
         out = []
-        for data, hb in self.dialect.read(sql, args):
+        for data, hb in self._read(sql, args):
             row: dict[str, Any] = json.loads(data)
             row["heartbeat_at"] = hb
             out.append(row)
         return out
 
     # -- events -------------------------------------------------------------------
-    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> int:
-        text = json.dumps(data or {}, default=str)
-        written = self.dialect.write(self.dialect.insert_event, (run_id, now(), kind, text))
-        return int(written.rows[0][0])
+    def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> None:
+        row = (run_id, now(), kind, json.dumps(data or {}, default=str))
+        self._behind.add(statement(self.dialect.insert_event, row))
 
     def events(self, run_id: str, after_id: int = 0) -> list[dict[str, Any]]:
         if self._absent(run_id):
             return []
-        rows = self.dialect.read(
+        rows = self._read(
             "SELECT id, run_id, at, kind, data FROM events WHERE run_id = ? AND id > ? ORDER BY id",
             (run_id, after_id),
         )
@@ -339,7 +353,7 @@ class SqlStore(Endings):
 
     # -- whole outputs ------------------------------------------------------------
     def save_output(self, run_id: str, text: str) -> None:
-        self.dialect.write(
+        self._write(
             "INSERT INTO outputs (run_id, text) VALUES (?, ?)"
             " ON CONFLICT (run_id) DO UPDATE SET text = excluded.text",
             (run_id, self.dialect.dump_output(text)),
@@ -348,23 +362,27 @@ class SqlStore(Endings):
     def output(self, run_id: str) -> str | None:
         if self._absent(run_id):
             return None
-        rows = self.dialect.read("SELECT text FROM outputs WHERE run_id = ?", (run_id,))
+        rows = self._read("SELECT text FROM outputs WHERE run_id = ?", (run_id,))
         return self.dialect.load_output(rows[0][0]) if rows else None
 
     # -- transcripts --------------------------------------------------------------
     def save_transcript(self, run_id: str, messages: list[dict[str, Any]]) -> None:
         text, truncated = bound_transcript(messages)
-        self.dialect.write(
-            "INSERT INTO transcripts (run_id, saved_at, truncated, messages) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (run_id) DO UPDATE SET saved_at = excluded.saved_at,"
-            " truncated = excluded.truncated, messages = excluded.messages",
-            (run_id, now(), truncated, text),
+        row = (run_id, now(), truncated, text)
+        self._behind.add(
+            statement(
+                "INSERT INTO transcripts (run_id, saved_at, truncated, messages)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET"
+                " saved_at = excluded.saved_at, truncated = excluded.truncated,"
+                " messages = excluded.messages",
+                row,
+            )
         )
 
     def transcript(self, run_id: str) -> list[dict[str, Any]] | None:
         if self._absent(run_id):
             return None
-        rows = self.dialect.read("SELECT messages FROM transcripts WHERE run_id = ?", (run_id,))
+        rows = self._read("SELECT messages FROM transcripts WHERE run_id = ?", (run_id,))
         if not rows:
             return None
         messages: list[dict[str, Any]] = json.loads(rows[0][0])
@@ -373,21 +391,26 @@ class SqlStore(Endings):
     def prune_transcripts(self, older_than: float) -> int:
         # a read first: most commands find nothing to prune and take no write lock
         probe = "SELECT 1 FROM transcripts WHERE saved_at < ? LIMIT 1"
-        if not self.dialect.read(probe, (older_than,)):
+        if not self._read(probe, (older_than,)):
             return 0
-        return self.dialect.write("DELETE FROM transcripts WHERE saved_at < ?", (older_than,)).count
+        return self._write("DELETE FROM transcripts WHERE saved_at < ?", (older_than,)).count
 
     # -- resources (ResourceSink) -------------------------------------------------
     def register_resource(self, run_id: str, kind: str, ref: str) -> None:
-        self.dialect.write(
-            "INSERT INTO resources (run_id, kind, ref, owner_pid, created_at) VALUES (?,?,?,?,?)"
-            " ON CONFLICT (kind, ref) DO UPDATE SET run_id = excluded.run_id,"
-            " owner_pid = excluded.owner_pid, created_at = excluded.created_at",
-            (run_id, kind, ref, os.getpid(), now()),
+        row = (run_id, kind, ref, os.getpid(), now())
+        self._behind.add(
+            statement(
+                "INSERT INTO resources (run_id, kind, ref, owner_pid, created_at)"
+                " VALUES (?,?,?,?,?) ON CONFLICT (kind, ref) DO UPDATE SET"
+                " run_id = excluded.run_id, owner_pid = excluded.owner_pid,"
+                " created_at = excluded.created_at",
+                row,
+            )
         )
 
     def release_resource(self, run_id: str, kind: str, ref: str) -> None:
-        self.dialect.write("DELETE FROM resources WHERE kind = ? AND ref = ?", (kind, ref))
+        sql = "DELETE FROM resources WHERE kind = ? AND ref = ?"
+        self._behind.add(statement(sql, (kind, ref)))
 
     def resources(self, run_id: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT run_id, kind, ref, owner_pid, created_at FROM resources"
@@ -397,8 +420,19 @@ class SqlStore(Endings):
             args = (run_id,)
         return [
             {"run_id": r, "kind": k, "ref": ref, "owner_pid": p, "created_at": c}
-            for r, k, ref, p, c in self.dialect.read(sql + " ORDER BY created_at", args)
+            for r, k, ref, p, c in self._read(sql + " ORDER BY created_at", args)
         ]
+
+
+def _noted(record: RunRecord | None, act: Activity | None, fields: dict[str, Any]) -> None:
+    """Change a run (if there is one) by a progress write: the activity, then fields."""
+    if record is None:
+        return
+    if act is not None:
+        record.last_activity = act
+        record.recent_activities = [*record.recent_activities, act][-RECENT_ACTIVITIES:]
+    for key, value in fields.items():
+        setattr(record, key, value)
 
 
 def _batches(ids: list[str]) -> Iterator[list[str]]:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..bwrap.profile import default_hidden
+from ..fs.realpath import resolved_lax
 from .base import WorkspaceSpec
 
 STATE_NAME = ".orch"
@@ -55,19 +56,20 @@ def hidden_reason(rel: str, hidden: Sequence[str]) -> str | None:
 def _candidates(path: Path) -> set[Path]:
     out = {Path(os.path.abspath(path))}
     try:
-        out.add(path.resolve())
+        out.add(resolved_lax(path))
     except (OSError, RuntimeError):
         pass
     return out
 
 
-def _within(path: Path, roots: Iterable[Path]) -> set[str]:
-    """``path`` relative to each of ``roots`` it lies strictly below (lexically and
-    resolved)."""
+def _within(path: Path, roots: Iterable[set[Path]]) -> set[str]:
+    """``path`` relative to each root it lies strictly below (lexically and resolved);
+    ``roots``: each root's ``_candidates``."""
     found: set[str] = set()
-    for root in roots:
-        for r in _candidates(root):
-            for p in _candidates(path):
+    ways = _candidates(path)
+    for candidates in roots:
+        for r in candidates:
+            for p in ways:
                 if p != r and p.is_relative_to(r):
                     found.add(p.relative_to(r).as_posix())
     return found
@@ -98,8 +100,9 @@ def hidden_within(
                 rels.add(norm)
     if state_dir:
         absolute.append(Path(state_dir))
+    roots = [_candidates(m) for m in mirrors]
     for path in default_hidden(home, *absolute):
-        rels |= _within(path, mirrors)
+        rels |= _within(path, roots)
     return tuple(sorted(rels))
 
 

@@ -1,0 +1,125 @@
+"""Group commit: a store's progress writes of one event-loop turn, in one transaction.
+
+A run's progress is many small writes: an event per tool call and per result, the
+activity line, the conversation after each turn, the process group of each command
+registered and released. A hundred children working at once made each its own
+transaction (≈ 20 a child, 0.25-1 ms each on one core). Those writes answer nothing
+to their caller, so :class:`WriteBehind` queues them and writes all that one turn of
+the event loop queued in one transaction, each run changed in it loaded and saved once.
+
+Order and visibility are kept: every other store call (a read, an ``update_run`` whose
+answer is used, an ending) writes the queue first, so this process always reads what
+it wrote; other processes see it one loop turn later. Without a running event loop in
+the calling thread (a command's synchronous code, a worker thread) a write is made at
+once, after what is queued, and its failure is the caller's. A queued write that fails
+is logged and dropped: it is progress, never a result or the user's work, and what
+failed with it is tried again on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..run import RunRecord
+
+log = logging.getLogger(__name__)
+
+Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]  # as ``sql.Query``
+
+Load = Callable[[Query, str], RunRecord | None]
+Save = Callable[[Query, RunRecord], None]
+
+
+class Unit:
+    """One transaction of queued writes: its query, and the runs they change (each loaded
+    at its first change and saved once, at the end)."""
+
+    def __init__(self, q: Query, load: Load) -> None:
+        self.q = q
+        self._load = load
+        self.runs: dict[str, RunRecord | None] = {}
+
+    def run(self, run_id: str) -> RunRecord | None:
+        """The run to change (None if there is none): saved when the unit ends."""
+        if run_id not in self.runs:
+            self.runs[run_id] = self._load(self.q, run_id)
+        return self.runs[run_id]
+
+
+Step = Callable[[Unit], None]
+
+
+def statement(sql: str, args: Sequence[Any]) -> Step:
+    """A step that runs one statement."""
+
+    def step(unit: Unit) -> None:
+        unit.q(sql, args)
+
+    return step
+
+
+class WriteBehind:
+    """The queue of one store's progress writes (see the module's doc)."""
+
+    def __init__(
+        self, transaction: Callable[[], AbstractContextManager[Query]], load: Load, save: Save
+    ) -> None:
+        self._transaction = transaction
+        self._load = load
+        self._save = save
+        self._pending: list[Step] = []
+        self._lock = threading.RLock()
+        self._scheduled = False
+
+    def add(self, step: Step) -> None:
+        """Queue ``step`` for this loop turn's transaction; with no running loop in this
+        thread, write it (and what is queued) now."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._lock:
+            self._pending.append(step)
+            if loop is None:
+                self.flush()
+            elif not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self._flush_queued)
+
+    def flush(self) -> None:
+        """Write what is queued, in one transaction; a failure is raised to the caller."""
+        with self._lock:
+            steps, self._pending = self._pending, []
+            self._scheduled = False
+            if steps:
+                self._apply(steps)
+
+    def _flush_queued(self) -> None:
+        """The loop's turn ended: write the queue; what fails is tried step by step."""
+        with self._lock:
+            steps, self._pending = self._pending, []
+            self._scheduled = False
+            if not steps:
+                return
+            try:
+                self._apply(steps)
+            except Exception:
+                for step in steps:
+                    try:
+                        self._apply([step])
+                    except Exception as e:  # progress only: said, not raised into the loop
+                        log.warning("orch: a progress write was dropped: %s", e)
+
+    def _apply(self, steps: list[Step]) -> None:
+        with self._transaction() as q:
+            unit = Unit(q, self._load)
+            for step in steps:
+                step(unit)
+            for record in unit.runs.values():
+                if record is not None:
+                    self._save(q, record)

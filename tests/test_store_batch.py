@@ -1,0 +1,167 @@
+"""Group commit of progress writes (orchestrator/store/batch.py): what one event-loop turn
+queues is written in one transaction, in order, visible to this process at once and to
+others a turn later; a failing write costs only itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from orchestrator.run import RunRecord, RunStatus, Usage
+from orchestrator.store import SqliteStore
+from orchestrator.store.sql import Query
+
+
+def _counting(store: SqliteStore) -> list[int]:
+    """Count the store's transactions (its dialect's ``transaction`` and ``write``)."""
+    made = [0]
+    dialect = store.dialect
+    transaction, write = dialect.transaction, dialect.write
+
+    @contextmanager
+    def counted() -> Iterator[Query]:
+        made[0] += 1
+        with transaction() as q:
+            yield q
+
+    def counted_write(sql: str, args: object = ()) -> object:
+        made[0] += 1
+        return write(sql, args)  # type: ignore[arg-type]
+
+    dialect.transaction = counted  # type: ignore[method-assign]
+    dialect.write = counted_write  # type: ignore[method-assign,assignment]
+    store._behind._transaction = counted  # the queue made its own reference at start
+    return made
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    made = SqliteStore.for_project(tmp_path)
+    for i in range(20):
+        made.create_run(RunRecord(run_id=f"r-{i}", chain_id="c"))
+    yield made
+    made.close()
+
+
+def test_one_loop_turn_of_progress_is_one_transaction_in_order(store: SqliteStore) -> None:
+    made = _counting(store)
+
+    async def turn() -> int:
+        for i in range(20):
+            rid = f"r-{i}"
+            store.add_event(rid, "tool_call", {"n": 1})
+            store.note_activity(rid, "bash", "first", usage=Usage(tool_uses=1))
+            store.register_resource(rid, "pgroup", f"g{i}")
+            store.note_activity(rid, "bash", "second")
+            store.patch_run(rid, status=RunStatus.RUNNING, summary=f"s{i}")
+            store.add_event(rid, "tool_result", {"n": 2})
+            store.save_transcript(rid, [{"role": "user", "content": f"t{i}"}])
+            store.release_resource(rid, "pgroup", f"g{i}")
+        before = made[0]
+        await asyncio.sleep(0)  # the turn ends: its queue is written
+        return made[0] - before
+
+    assert asyncio.run(turn()) == 1  # 160 writes, one transaction
+    for i in range(20):
+        rid = f"r-{i}"
+        record = store.require_run(rid)
+        assert [a.summary for a in record.recent_activities] == ["first", "second"]
+        assert record.usage.tool_uses == 1 and record.summary == f"s{i}"
+        assert record.status is RunStatus.RUNNING
+        assert [e["kind"] for e in store.events(rid)] == ["tool_call", "tool_result"]
+        assert store.transcript(rid) == [{"role": "user", "content": f"t{i}"}]
+    assert store.resources() == []  # registered, then released, in that order
+
+
+def test_this_process_reads_what_it_queued_and_others_see_it_a_turn_later(
+    store: SqliteStore,
+) -> None:
+    other = SqliteStore(store.path)
+
+    async def turn() -> tuple[list[str], list[str], list[str]]:
+        store.add_event("r-1", "tool_call")
+        store.register_resource("r-1", "pgroup", "g")
+        seen_by_other = [e["kind"] for e in other.events("r-1")]
+        seen_here = [e["kind"] for e in store.events("r-1")]  # a read writes the queue first
+        store.add_event("r-1", "tool_result")
+        await asyncio.sleep(0)
+        later = [e["kind"] for e in other.events("r-1")]
+        return seen_by_other, seen_here, later
+
+    seen_by_other, seen_here, later = asyncio.run(turn())
+    assert seen_by_other == []
+    assert seen_here == ["tool_call"]
+    assert later == ["tool_call", "tool_result"]
+    assert [r["ref"] for r in other.resources("r-1")] == ["g"]
+    other.close()
+
+
+def test_an_update_with_an_answer_follows_what_was_queued(store: SqliteStore) -> None:
+    async def turn() -> RunRecord:
+        store.note_activity("r-2", "bash", "queued first")
+        return store.update_run("r-2", summary="then this")
+
+    record = asyncio.run(turn())
+    assert record.last_activity is not None and record.last_activity.summary == "queued first"
+    assert record.summary == "then this"
+
+
+def test_without_a_loop_a_write_is_made_at_once(store: SqliteStore) -> None:
+    other = SqliteStore(store.path)
+    store.add_event("r-3", "tool_call")
+    store.note_activity("r-3", "bash", "now")
+    assert [e["kind"] for e in other.events("r-3")] == ["tool_call"]
+    assert other.require_run("r-3").last_activity is not None
+    other.close()
+
+
+def test_a_failing_queued_write_costs_only_itself(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(unit: object) -> None:
+        raise RuntimeError("this step breaks")
+
+    async def turn() -> None:
+        store.add_event("r-4", "before")
+        store._behind.add(broken)
+        store.add_event("r-4", "after")
+        store.note_activity("r-4", "bash", "kept")
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING, logger="orchestrator.store.batch"):
+        asyncio.run(turn())
+    assert [e["kind"] for e in store.events("r-4")] == ["before", "after"]
+    assert store.require_run("r-4").last_activity is not None
+    assert "this step breaks" in caplog.text
+    assert "progress write was dropped" in caplog.text
+
+
+def test_progress_for_a_run_that_is_not_there_is_a_no_op(store: SqliteStore) -> None:
+    async def turn() -> None:
+        store.note_activity("r-none", "bash", "x")
+        store.patch_run("r-none", summary="x")
+        store.add_event("r-5", "kept")
+        await asyncio.sleep(0)
+
+    asyncio.run(turn())
+    assert store.get_run("r-none") is None
+    assert [e["kind"] for e in store.events("r-5")] == ["kept"]
+
+
+def test_close_writes_what_is_queued(tmp_path: Path) -> None:
+    store = SqliteStore.for_project(tmp_path)
+    store.create_run(RunRecord(run_id="r-c", chain_id="c"))
+
+    async def turn() -> None:
+        store.add_event("r-c", "last")
+        store.close()  # before the turn ends
+
+    asyncio.run(turn())
+    again = SqliteStore.for_project(tmp_path)
+    assert [e["kind"] for e in again.events("r-c")] == ["last"]
+    again.close()
