@@ -37,6 +37,10 @@ class FakeRuntime:
         self.files: dict[str, bytes] = {k: v.encode() for k, v in (files or {}).items()}
         self.commands = dict(commands or {})
         self.ran: list[tuple[str, dict[str, str]]] = []
+        self.expected: list[dict[str, str]] = []  # what ``expect`` was told
+
+    def expect(self, env: Mapping[str, str]) -> None:
+        self.expected.append(dict(env))
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]

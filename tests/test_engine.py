@@ -93,6 +93,21 @@ def test_bash_runs_in_the_runtime_with_the_scrubbed_environment(
     assert command == "make test"
     assert "ANTHROPIC_API_KEY" not in env and env.get("HARMLESS_SETTING") == "yes"
     assert [c.exit_code for c in root.evidence.commands] == [0]
+    assert runtime.expected == [env]  # told at the start, to make its sandbox meanwhile
+
+
+def test_a_run_without_bash_has_no_sandbox_made_ahead(tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "reader.md").write_text(
+        "---\nname: reader\ndescription: Reads.\ntools: Read, Grep\n---\nRead.\n"
+    )
+    runtime = FakeRuntime({"a.txt": "x"})
+    script = {"conversations": [{"turns": [{"text": "read nothing"}]}]}
+    h = harness(tmp_path, script, agents_dirs=[agents], provision=provisioner(runtime))
+    root = h.run(agent="reader")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert runtime.expected == []
 
 
 def _tier_script(isolation: str | None) -> dict[str, object]:

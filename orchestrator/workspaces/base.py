@@ -163,6 +163,10 @@ class Runtime(Protocol):
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
     ) -> ProcessResult: ...
 
+    def expect(self, env: Mapping[str, str]) -> None:
+        """Commands with ``env`` may come (the agent has ``bash``): make ready, in the
+        background, what the next ``exec`` needs (a host tier: its sandbox)."""
+
     async def read_file(self, path: str, *, max_bytes: int) -> FileRead: ...
 
     async def write_file(self, path: str, data: bytes) -> None: ...
@@ -354,6 +358,50 @@ def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
     return asyncio.create_task(watch())
 
 
+@dataclass
+class Started:
+    """A command's process, started in its own group and registered with its run."""
+
+    proc: asyncio.subprocess.Process
+    ref: str  # the signed group ref the sink holds (reconcile kills only what it signed)
+    sink: ResourceSink
+    run_id: str
+
+
+async def start_process(
+    argv: Sequence[str],
+    *,
+    cwd: Path | None,
+    env: Mapping[str, str],
+    sink: ResourceSink,
+    run_id: str,
+    stdin: bool = False,
+) -> Started:
+    """Start argv in its own process group (stdin: a pipe, else /dev/null), registered."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    # start_new_session: the child leads its own group
+    ref = sign(run_id, "pgroup", group_ref(proc.pid))
+    sink.register_resource(run_id, "pgroup", ref)
+    return Started(proc, ref, sink, run_id)
+
+
+async def stop_process(started: Started) -> None:
+    """Kill a started process's whole group, reap it and forget it."""
+    # Never `proc.kill()` here: Popen.send_signal polls first, and that poll can reap the
+    # child before asyncio's child watcher does (which then reports exit code 255).
+    kill_group(started.proc.pid)
+    await asyncio.shield(started.proc.wait())
+    started.sink.release_resource(started.run_id, "pgroup", started.ref)
+
+
 async def run_process(
     argv: Sequence[str],
     *,
@@ -364,18 +412,14 @@ async def run_process(
     run_id: str,
 ) -> ProcessResult:
     """Run argv in its own process group; kill the whole group on timeout or cancel."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=cwd,
-        env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    pgid = proc.pid  # start_new_session: the child leads its own group
-    ref = sign(run_id, "pgroup", group_ref(pgid))  # reconcile kills only what it signed
-    sink.register_resource(run_id, "pgroup", ref)
+    started = await start_process(argv, cwd=cwd, env=env, sink=sink, run_id=run_id)
+    return await finish_process(started, timeout_s=timeout_s)
+
+
+async def finish_process(started: Started, *, timeout_s: float) -> ProcessResult:
+    """Collect a started command's output until it exits or ``timeout_s`` passes; then (and
+    on cancel) kill its whole group."""
+    proc = started.proc
     chunks: list[bytes] = []
     kept = 0
     dropped = 0
@@ -409,9 +453,7 @@ async def run_process(
             timed_out = True
     finally:
         # On timeout, cancel or normal exit: nothing of the group outlives the call.
-        # Never `proc.kill()` here: Popen.send_signal polls first, and that poll can reap the
-        # child before asyncio's child watcher does (which then reports exit code 255).
-        kill_group(pgid)
+        kill_group(proc.pid)
         await asyncio.shield(proc.wait())
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(reader), 1.0)
@@ -419,7 +461,7 @@ async def run_process(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        sink.release_resource(run_id, "pgroup", ref)
+        started.sink.release_resource(started.run_id, "pgroup", started.ref)
     output = b"".join(chunks).decode("utf-8", errors="replace")
     return ProcessResult(
         exit_code=None if timed_out else proc.returncode,

@@ -71,24 +71,21 @@ def confinement(spec: WorkspaceSpec) -> dict[str, Any]:
     return {"os_sandbox": spec.sandbox.os, "bwrap": bwrap, "network": spec.network}
 
 
-async def run_confined(
-    command: str,
+def confined(
+    argv: list[str],
     *,
     spec: WorkspaceSpec,
     workspace: Path,
     read_only_within: tuple[Path, ...],
-    timeout_s: float,
     env: Mapping[str, str],
     hidden_within: tuple[Path, ...] = (),
-) -> ProcessResult:
-    """``bash -c command`` in ``workspace`` under the run's OS sandbox; ``hidden_within``:
-    the workspace's own hidden paths (``hiding.hidden_rels``) as host paths."""
-    argv = ["bash", "-c", command]
+) -> tuple[list[str], Mapping[str, str]]:
+    """``argv`` in ``workspace`` under the run's OS sandbox: the argv and the environment to
+    start it with; ``hidden_within``: the workspace's own hidden paths (``hiding.hidden_rels``)
+    as host paths. Unchanged when ``sandbox.os = "off"``."""
     cfg = spec.sandbox
     if cfg.os == "off":
-        return await run_process(
-            argv, cwd=workspace, env=env, timeout_s=timeout_s, sink=spec.sink, run_id=spec.run_id
-        )
+        return argv, env
     chain = {k: env[k] for k in CHAIN_ENV if k in env}
     box_env = {**sandbox_env(env, chain), **spec.extra_env}
     home = Path(env.get("HOME") or "/")
@@ -109,10 +106,32 @@ async def run_confined(
         env=box_env,
         bwrap=cfg.bwrap,
     )
+    return box.wrap(argv, workspace), box.env
+
+
+async def run_confined(
+    command: str,
+    *,
+    spec: WorkspaceSpec,
+    workspace: Path,
+    read_only_within: tuple[Path, ...],
+    timeout_s: float,
+    env: Mapping[str, str],
+    hidden_within: tuple[Path, ...] = (),
+) -> ProcessResult:
+    """``bash -c command`` in ``workspace`` under the run's OS sandbox (``confined``)."""
+    argv, process_env = confined(
+        ["bash", "-c", command],
+        spec=spec,
+        workspace=workspace,
+        read_only_within=read_only_within,
+        env=env,
+        hidden_within=hidden_within,
+    )
     return await run_process(
-        box.wrap(argv, workspace),
+        argv,
         cwd=workspace,
-        env=box.env,
+        env=process_env,
         timeout_s=timeout_s,
         sink=spec.sink,
         run_id=spec.run_id,
@@ -124,10 +143,21 @@ class HostRuntime:
     the workspace-relative paths no file operation may open, list or search
     (``hiding.hidden_rels``), enforced by ``Beneath`` on the very path it opens."""
 
-    def __init__(self, root: Path, exec_: Exec, hidden: tuple[str, ...] = (".orch",)) -> None:
+    def __init__(
+        self,
+        root: Path,
+        exec_: Exec,
+        hidden: tuple[str, ...] = (".orch",),
+        expect: Callable[[Mapping[str, str]], None] | None = None,
+    ) -> None:
         self.root = root
         self._exec = exec_
         self.hidden = hidden
+        self._expect = expect
+
+    def expect(self, env: Mapping[str, str]) -> None:
+        if self._expect is not None:
+            self._expect(env)
 
     def _fs(self) -> Beneath:
         return Beneath(self.root, refuse=lambda rel: hidden_reason(rel, self.hidden))

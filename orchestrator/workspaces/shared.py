@@ -8,9 +8,10 @@ from typing import Any, Literal
 
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .hiding import absolute_hidden, hidden_rels, mirrored
-from .host import HostRuntime, confinement, os_sandbox_mode, run_confined
+from .host import HostRuntime, confinement, os_sandbox_mode
 from .lifetime import Shielded
 from .saved import Confined
+from .spare import Shell
 
 
 class SharedState(Confined):
@@ -34,22 +35,23 @@ class SharedWorkspace(Shielded):
         self.spec = spec
         self.root: Path = spec.base  # resolved: a root's at admission, a child's is its parent's
         self.hidden = hidden_rels(spec, mirrored(self.root))  # refused to every tool (``hiding``)
+        self._shell = Shell(
+            spec,
+            self.root,
+            read_only_within=(self.root / ".git",),
+            hidden_within=absolute_hidden(self.root, self.hidden),
+        )
+
+    async def _shut(self, exc_type: type[BaseException] | None) -> None:
+        await self._shell.aclose()  # no sandbox made ahead outlives the run
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
     ) -> ProcessResult:
-        return await run_confined(
-            command,
-            spec=self.spec,
-            workspace=self.root,
-            read_only_within=(self.root / ".git",),
-            timeout_s=timeout_s,
-            env=env,
-            hidden_within=absolute_hidden(self.root, self.hidden),
-        )
+        return await self._shell.exec(command, timeout_s=timeout_s, env=env)
 
     def runtime(self) -> Runtime:
-        return HostRuntime(self.root, self.exec, self.hidden)
+        return HostRuntime(self.root, self.exec, self.hidden, self._shell.expect)
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         return None

@@ -46,11 +46,12 @@ from ..project.repo import ensure_orch_dir, locate, orch_dir, repo_lock, rev, wo
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
 from .branch import branch_name, continued_start, ref_component, with_branch
 from .hiding import absolute_hidden, hidden_reason, hidden_rels
-from .host import HostRuntime, confinement, os_sandbox_mode, run_confined
+from .host import HostRuntime, confinement, os_sandbox_mode
 from .includes import excluded_paths, include_files, untracked, write_includes
 from .lifetime import Shielded
 from .saved import BranchState, Confined
 from .settle import commit_message, lock_reason, remove_worktree, salvage_worktree, settle
+from .spare import Shell
 
 __all__ = ["WorktreeConfig", "WorktreeWorkspace", "salvage_worktree"]
 
@@ -93,32 +94,28 @@ class WorktreeWorkspace(Shielded):
         self._created = False
         self._owns_branch = False
         self._copied: dict[str, tuple[int, int]] = {}
+        self._shell: Shell | None = None  # its commands' sandboxes, once made
         self._artifacts: list[dict[str, Any]] = []
 
     async def _open(self) -> None:
         await self._create()
 
     async def _undo(self) -> None:
+        if self._shell is not None:
+            await self._shell.aclose()
         await self._discard()
 
     async def _shut(self, exc_type: type[BaseException] | None) -> None:
+        if self._shell is not None:
+            await self._shell.aclose()  # no sandbox made ahead outlives the run
         await self._close(RunOutcome.at_exit(self._outcome, exc_type, self.spec.description))
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
     ) -> ProcessResult:
-        if not self._created:  # never run in the user's tree by mistake
+        if not self._created or self._shell is None:  # never run in the user's tree
             raise OrchError("the worktree workspace is not open; use it inside `async with`")
-        assert self.main_root is not None
-        return await run_confined(
-            command,
-            spec=self.spec,
-            workspace=self.root,
-            timeout_s=timeout_s,
-            env=env,
-            read_only_within=(self.root / ".git", self.main_root / ".git"),
-            hidden_within=absolute_hidden(self.root, self.hidden),
-        )
+        return await self._shell.exec(command, timeout_s=timeout_s, env=env)
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         self._outcome = outcome
@@ -138,7 +135,8 @@ class WorktreeWorkspace(Shielded):
         return [dict(a) for a in self._artifacts]
 
     def runtime(self) -> Runtime:
-        return HostRuntime(self.root, self.exec, self.hidden)
+        expect = self._shell.expect if self._shell is not None else None
+        return HostRuntime(self.root, self.exec, self.hidden, expect)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -163,20 +161,32 @@ class WorktreeWorkspace(Shielded):
         # a worktree is a checkout of the base: what is hidden there is hidden here too
         self.hidden = hidden_rels(spec, [path, base_top, main.main_root])
         reason = lock_reason(spec.run_id, self.base_commit)
+        # git's worktree registration is serialised (concurrent adds fail on the common
+        # dir); the checkout is this worktree's own: made outside the lock, so forty
+        # children do not check out one after another
         async with repo_lock(main.main_root):
             await self._add(main, path, reason)
         self.root = path
         self._created = True
+        self._shell = Shell(
+            spec,
+            path,
+            read_only_within=(path / ".git", main.main_root / ".git"),
+            hidden_within=absolute_hidden(path, self.hidden),
+        )
         spec.sink.register_resource(spec.run_id, "worktree", str(path))
         self._tree = await asyncio.to_thread(worktree_paths, main, path)
         if self._tree is None:
             raise OrchError(f"git worktree add left no admin dir for {path}; run again")
+        filled = await git("reset", "--hard", "-q", repo=self._tree, cwd=path, check=False)
+        if filled.code != 0:
+            raise OrchError(f"checking out {self.branch} failed: {first_line(filled.err)}")
         await self._copy_includes(located, base_top, patterns)
 
     async def _add(self, main: RepoPaths, path: Path, reason: str) -> None:
         delay = 0.05
         for attempt in range(RETRIES):
-            args = ["worktree", "add", "--lock", "--reason", reason]
+            args = ["worktree", "add", "--no-checkout", "--lock", "--reason", reason]
             # an existing branch (continued, or made by an earlier attempt that failed) is
             # checked out as it is; otherwise the branch is made here from the base
             if self.continued is not None or self._owns_branch:

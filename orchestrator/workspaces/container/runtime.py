@@ -81,6 +81,9 @@ class ContainerRuntime:
     ) -> ProcessResult:
         return await self._run(command, timeout_s, env)
 
+    def expect(self, env: Mapping[str, str]) -> None:
+        return None  # the container is the sandbox, made at open
+
     async def call(
         self, request: dict[str, Any], data: bytes = b"", *, reply_cap: int
     ) -> tuple[dict[str, Any], bytes]:

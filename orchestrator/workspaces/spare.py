@@ -1,0 +1,177 @@
+"""A host-tier run's commands, each in a fresh OS sandbox made ahead of time.
+
+Every ``bash`` call of the shared and worktree tiers runs in a sandbox of its own
+(``host.confined``: new namespaces, the run's mounts, its whitelisted environment).
+Making one costs ≈ 6 ms of CPU, most of it in the kernel, and on two cores a hundred
+children calling ``bash`` at once wait ≈ 0.6 s for their sandboxes alone. So
+:class:`Shell` makes the *next* command's sandbox while the model thinks: a sandbox
+whose shell waits for one command on its stdin (``LOADER``), then becomes that command
+(``exec bash -c``), with stdin from ``/dev/null`` as a fresh call has. One is made when
+the run starts (its agent may run ``bash``) and again a moment after each call.
+
+Nothing is shared between two commands: a spare serves one command and is gone with it
+(its process group killed, its PID namespace with it); a spare made for another
+environment, or one that died, is dropped and the command gets a sandbox made on the
+spot. A command holding a NUL (no shell can receive it) takes the fresh path, which
+refuses it as it always did. The spare is registered as a process group of its run as
+soon as it exists, so a crash leaves nothing reconcile would not kill, and the run's
+close kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from .base import (
+    ProcessResult,
+    Started,
+    WorkspaceSpec,
+    finish_process,
+    start_process,
+    stop_process,
+)
+from .host import confined, run_confined
+
+# reads one NUL-ended command from stdin, then becomes it, with stdin from /dev/null
+LOADER = 'IFS= read -r -d "" c || exit 126; exec bash -c "$c" </dev/null'
+SPARE_AFTER_S = 0.2  # after a call, when the next command's sandbox is made
+
+
+class Shell:
+    """How a host-tier workspace runs its commands (see the module's doc)."""
+
+    def __init__(
+        self,
+        spec: WorkspaceSpec,
+        workspace: Path,
+        read_only_within: tuple[Path, ...],
+        hidden_within: tuple[Path, ...],
+    ) -> None:
+        self.spec = spec
+        self.workspace = workspace
+        self.read_only_within = read_only_within
+        self.hidden_within = hidden_within
+        self._spare: asyncio.Future[Started] | None = None
+        self._spare_env: dict[str, str] = {}
+        self._later: asyncio.TimerHandle | None = None
+        self._dropping: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.spares_used = 0  # commands that ran in a sandbox made ahead (for tests, bench)
+
+    def expect(self, env: Mapping[str, str]) -> None:
+        """A command with ``env`` may come: make its sandbox now, in the background."""
+        if self._closed or self.spec.sandbox.os != "bwrap":
+            return
+        if self._spare is not None and self._spare_env == dict(env):
+            return
+        self._drop()
+        self._spare_env = dict(env)
+        self._spare = asyncio.ensure_future(self._make(self._spare_env))
+
+    async def exec(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str]
+    ) -> ProcessResult:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        spare = await self._take(env) if "\x00" not in command else None
+        try:
+            if spare is not None:
+                try:
+                    fed = await _feed(spare, command)
+                except BaseException:
+                    await stop_process(spare)
+                    raise
+                if fed:
+                    self.spares_used += 1
+                    return await finish_process(spare, timeout_s=timeout_s)
+                await stop_process(spare)  # it died before it could take the command
+            return await run_confined(
+                command,
+                spec=self.spec,
+                workspace=self.workspace,
+                read_only_within=self.read_only_within,
+                timeout_s=timeout_s,
+                env=env,
+                hidden_within=self.hidden_within,
+            )
+        finally:
+            if not self._closed and self.spec.sandbox.os == "bwrap":
+                loop = asyncio.get_running_loop()
+                self._later = loop.call_later(SPARE_AFTER_S, self.expect, dict(env))
+
+    async def aclose(self) -> None:
+        """Kill the spare (if any): nothing of the shell outlives its workspace."""
+        self._closed = True
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            with contextlib.suppress(Exception):
+                await stop_process(await asyncio.shield(spare))
+        while self._dropping:
+            await asyncio.wait(set(self._dropping))
+
+    async def _make(self, env: dict[str, str]) -> Started:
+        argv, process_env = confined(
+            ["bash", "-c", LOADER],
+            spec=self.spec,
+            workspace=self.workspace,
+            read_only_within=self.read_only_within,
+            env=env,
+            hidden_within=self.hidden_within,
+        )
+        return await start_process(
+            argv,
+            cwd=self.workspace,
+            env=process_env,
+            sink=self.spec.sink,
+            run_id=self.spec.run_id,
+            stdin=True,
+        )
+
+    async def _take(self, env: Mapping[str, str]) -> Started | None:
+        """The spare, if one was made for ``env`` and still waits; it is the caller's."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        try:
+            started = await asyncio.shield(spare)
+        except Exception:  # it could not be made: the fresh path says why
+            return None
+        if self._spare_env != dict(env) or started.proc.returncode is not None:
+            await stop_process(started)
+            return None
+        return started
+
+    def _drop(self) -> None:
+        """Stop the spare in the background (made for another environment)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+
+            async def drop() -> None:
+                with contextlib.suppress(Exception):
+                    await stop_process(await spare)
+
+            task = asyncio.ensure_future(drop())
+            self._dropping.add(task)
+            task.add_done_callback(self._dropping.discard)
+
+
+async def _feed(started: Started, command: str) -> bool:
+    """Hand the spare its command; False when it is gone (then it never ran it)."""
+    stdin = started.proc.stdin
+    if stdin is None or started.proc.returncode is not None:
+        return False
+    try:
+        stdin.write(os.fsencode(command) + b"\0")
+        await stdin.drain()
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True

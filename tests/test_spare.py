@@ -1,0 +1,204 @@
+"""Sandboxes made ahead (orchestrator/workspaces/spare.py): a command that runs in one is
+confined, killed and answered exactly as one run in a sandbox made on the spot, and no
+spare outlives its workspace or serves two commands."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.bwrap import profile as osbox
+from orchestrator.config import SandboxSettings
+from orchestrator.run import new_run_id
+from orchestrator.workspaces.base import WorkspaceSpec
+from orchestrator.workspaces.shared import SharedWorkspace
+from orchestrator.workspaces.spare import Shell
+
+pytestmark = pytest.mark.bwrap
+
+
+@pytest.fixture(autouse=True)
+def need_bwrap() -> None:
+    reason = osbox.available()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"bubblewrap must work under CI: {reason}")
+        pytest.skip(f"bubblewrap cannot run here: {reason}")
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    def register_resource(self, run_id: str, kind: str, ref: str) -> None:
+        self.held.add(ref)
+
+    def release_resource(self, run_id: str, kind: str, ref: str) -> None:
+        self.held.discard(ref)
+
+
+def _env() -> dict[str, str]:
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+
+
+def _spec(root: Path, sink: Sink, **sandbox: Any) -> WorkspaceSpec:
+    return WorkspaceSpec(
+        new_run_id(), "c-spare", "general", "spare", root, sink=sink,
+        sandbox=SandboxSettings(**sandbox),
+    )  # fmt: skip
+
+
+def _play(body: Callable[[SharedWorkspace, Sink], Coroutine[Any, Any, None]], root: Path) -> Sink:
+    sink = Sink()
+
+    async def main() -> None:
+        async with SharedWorkspace(_spec(root, sink)) as ws:
+            await body(ws, sink)
+
+    asyncio.run(main())
+    return sink
+
+
+async def _ready(shell: Shell) -> int:
+    """The pid of the spare once made."""
+    assert shell._spare is not None
+    started = await asyncio.shield(shell._spare)
+    return started.proc.pid
+
+
+ODD = [
+    "echo 'single' \"double\" \\back\\slash $((6*7))",
+    "printf '%s\\n' 'line one' 'line two'; echo tail",
+    "echo ünïcödé ✓ && echo $'tab\\there'",
+    "   echo leading-spaces  ",
+    "x=1\ny=2\necho $((x+y))",
+    "cat; echo after-stdin",  # stdin is /dev/null: cat ends at once
+    "exit 7",
+    "echo to-stderr >&2",
+]
+
+
+def test_a_spare_runs_the_command_as_a_fresh_sandbox_does(tmp_path: Path) -> None:
+    async def body(ws: SharedWorkspace, sink: Sink) -> None:
+        shell, env = ws._shell, _env()
+        for command in ODD:
+            fresh = await ws.exec(command, timeout_s=10, env=env)  # no spare: made on the spot
+            shell.expect(env)
+            await _ready(shell)
+            before = shell.spares_used
+            spared = await ws.exec(command, timeout_s=10, env=env)
+            assert shell.spares_used == before + 1, command
+            assert (spared.exit_code, spared.output) == (fresh.exit_code, fresh.output), command
+
+    _play(body, tmp_path)
+
+
+def test_a_spare_is_confined_like_any_command(tmp_path: Path) -> None:
+    secret = Path(os.environ.get("HOME", "/root")) / ".ssh"
+    probe = (
+        "echo pid=$$; cat /proc/1/comm; "
+        "env | sort; touch /etc/orch-spare-probe 2>/dev/null && echo WROTE-ETC; "
+        f"ls {secret} 2>&1 | head -1; "
+        "(exec 3<>/dev/tcp/127.0.0.1/22) 2>/dev/null && echo NET || echo no-net; "
+        "touch made-here && echo wrote-workspace"
+    )
+
+    async def body(ws: SharedWorkspace, sink: Sink) -> None:
+        env = {**_env(), "ANTHROPIC_API_KEY": "sk-ant-NOT-FOR-THE-SANDBOX"}
+        fresh = await ws.exec(probe, timeout_s=10, env=env)
+        (tmp_path / "made-here").unlink()
+        ws._shell.expect(env)
+        await _ready(ws._shell)
+        spared = await ws.exec(probe, timeout_s=10, env=env)
+        assert ws._shell.spares_used == 1
+        assert spared.output == fresh.output
+        assert "sk-ant-NOT" not in spared.output and "WROTE-ETC" not in spared.output
+        assert "no-net" in spared.output and "wrote-workspace" in spared.output
+        assert "pid=2" in spared.output  # its own PID namespace
+
+    _play(body, tmp_path)
+
+
+def test_timeout_kills_the_whole_group_of_a_spare(tmp_path: Path) -> None:
+    async def body(ws: SharedWorkspace, sink: Sink) -> None:
+        env = _env()
+        ws._shell.expect(env)
+        await _ready(ws._shell)
+        result = await ws.exec(
+            "(sleep 3; echo LEFTOVER > left.txt) & echo started; sleep 30", timeout_s=1, env=env
+        )
+        assert result.timed_out and result.exit_code is None
+        assert "started" in result.output
+        await asyncio.sleep(3.5)
+        assert not (tmp_path / "left.txt").exists()
+
+    _play(body, tmp_path)
+
+
+def test_a_command_with_a_nul_never_reaches_a_spare(tmp_path: Path) -> None:
+    async def body(ws: SharedWorkspace, sink: Sink) -> None:
+        env = _env()
+        ws._shell.expect(env)
+        await _ready(ws._shell)
+        with pytest.raises(ValueError, match="null"):  # as a fresh sandbox refuses it
+            await ws.exec("touch cut\x00; touch whole", timeout_s=5, env=env)
+        assert ws._shell.spares_used == 0
+        assert not (tmp_path / "cut").exists()
+
+    _play(body, tmp_path)
+
+
+def test_a_spare_for_another_environment_or_a_dead_one_is_not_used(tmp_path: Path) -> None:
+    async def body(ws: SharedWorkspace, sink: Sink) -> None:
+        shell, env = ws._shell, _env()
+        shell.expect(env)
+        first = await _ready(shell)
+        other = {**env, "ORCH_DEPTH": "2"}
+        result = await ws.exec("echo $ORCH_DEPTH", timeout_s=10, env=other)
+        assert shell.spares_used == 0 and result.output.strip() == "2"
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # the unfit spare was killed
+        if shell._later is not None:
+            shell._later.cancel()
+        shell.expect(env)
+        dead = await _ready(shell)
+        os.killpg(dead, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        result = await ws.exec("echo once >> once.txt; echo ran", timeout_s=10, env=env)
+        assert shell.spares_used == 0 and result.output.strip() == "ran"
+        assert (tmp_path / "once.txt").read_text() == "once\n"
+
+    _play(body, tmp_path)
+
+
+def test_no_spare_outlives_its_workspace(tmp_path: Path) -> None:
+    pids: list[int] = []
+
+    async def body(ws: SharedWorkspace, sink: Sink) -> None:
+        env = _env()
+        await ws.exec("true", timeout_s=10, env=env)  # a spare is made a moment after a call
+        await asyncio.sleep(0.5)
+        pids.append(await _ready(ws._shell))
+        assert sink.held  # registered: a crash leaves it to reconcile
+
+    sink = _play(body, tmp_path)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+    assert sink.held == set()
+
+
+def test_with_the_os_sandbox_off_no_spare_is_made(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with SharedWorkspace(_spec(tmp_path, Sink(), os="off")) as ws:
+            ws._shell.expect(_env())
+            assert ws._shell._spare is None
+            result = await ws.exec("echo plain", timeout_s=5, env=_env())
+            assert result.output == "plain\n"
+
+    asyncio.run(main())
