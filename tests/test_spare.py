@@ -15,10 +15,11 @@ import pytest
 
 from orchestrator.bwrap import profile as osbox
 from orchestrator.config import SandboxSettings
-from orchestrator.run import new_run_id
+from orchestrator.run import RunStatus, new_run_id
 from orchestrator.workspaces.base import WorkspaceSpec
 from orchestrator.workspaces.shared import SharedWorkspace
 from orchestrator.workspaces.spare import Shell
+from tests.support import harness, tool_results
 
 pytestmark = pytest.mark.bwrap
 
@@ -202,3 +203,26 @@ def test_with_the_os_sandbox_off_no_spare_is_made(tmp_path: Path) -> None:
             assert result.output == "plain\n"
 
     asyncio.run(main())
+
+
+def test_a_runs_first_command_runs_in_the_sandbox_made_at_its_start(tmp_path: Path) -> None:
+    """Through the engine: the sandbox's init names the loader (it was made before the
+    command existed), and the next command runs as well (in a spare or a fresh one)."""
+    probe = "tr '\\0' ' ' </proc/1/cmdline"
+    script = {
+        "conversations": [
+            {
+                "turns": [
+                    {"tool_calls": [{"tool": "bash", "input": {"command": probe}}]},
+                    {"tool_calls": [{"tool": "bash", "input": {"command": probe}}]},
+                    {"text": "done"},
+                ]
+            }
+        ]
+    }
+    h = harness(tmp_path, script)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    first, second = (tool_results(r)[0]["content"] for r in h.requests_of(root.run_id)[1:3])
+    assert 'read -r -d "" c' in first and probe not in first
+    assert "[exit code 0]" in second
