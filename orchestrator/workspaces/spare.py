@@ -38,7 +38,7 @@ from .host import confined, run_confined
 
 # reads one NUL-ended command from stdin, then becomes it, with stdin from /dev/null
 LOADER = 'IFS= read -r -d "" c || exit 126; exec bash -c "$c" </dev/null'
-SPARE_AFTER_S = 0.2  # after a call, when the next command's sandbox is made
+SPARE_AFTER_S = 0.5  # after a call: when the next sandbox is made (a model turn is longer)
 
 
 class Shell:
