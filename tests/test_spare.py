@@ -18,7 +18,7 @@ from orchestrator.config import SandboxSettings
 from orchestrator.run import RunStatus, new_run_id
 from orchestrator.workspaces.base import WorkspaceSpec
 from orchestrator.workspaces.shared import SharedWorkspace
-from orchestrator.workspaces.spare import Shell
+from orchestrator.workspaces.spare import SPARE_AFTER_S, Shell
 from tests.support import harness, tool_results
 
 pytestmark = pytest.mark.bwrap
@@ -184,7 +184,7 @@ def test_no_spare_outlives_its_workspace(tmp_path: Path) -> None:
     async def body(ws: SharedWorkspace, sink: Sink) -> None:
         env = _env()
         await ws.exec("true", timeout_s=10, env=env)  # a spare is made a moment after a call
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(SPARE_AFTER_S + 0.3)
         pids.append(await _ready(ws._shell))
         assert sink.held  # registered: a crash leaves it to reconcile
 
