@@ -120,17 +120,17 @@ class PeakRss:
         self._thread.join()
 
 
-def _settings(n: int) -> Settings:
+def _settings(n: int, os_sandbox: str = "bwrap") -> Settings:
     return Settings(
         max_parallel_children=max(n, 1),
         max_chain_running=max(n + 1, 2),
-        sandbox=SandboxSettings(image=IMAGE, max_per_chain=max(n, 1)),
+        sandbox=SandboxSettings(image=IMAGE, max_per_chain=max(n, 1), os=os_sandbox),
     )
 
 
-async def _tree(root: Path, n: int, isolation: str) -> dict[str, Any]:
+async def _tree(root: Path, n: int, isolation: str, os_sandbox: str = "bwrap") -> dict[str, Any]:
     model = FanModel(n, isolation)
-    settings = _settings(n)
+    settings = _settings(n, os_sandbox)
     runner = Runner(
         settings=settings,
         store=open_store(root),
@@ -159,8 +159,26 @@ async def _tree(root: Path, n: int, isolation: str) -> dict[str, Any]:
     }
 
 
-def _once(root: Path, n: int, isolation: str) -> dict[str, Any]:
-    return asyncio.run(_tree(root, n, isolation))
+def _once(root: Path, n: int, isolation: str, os_sandbox: str = "bwrap") -> dict[str, Any]:
+    return asyncio.run(_tree(root, n, isolation, os_sandbox))
+
+
+def unsandboxed(root: Path, n: int = 100, rounds: int = 2) -> dict[str, Any]:
+    """The shared fan-out with ``sandbox.os = "off"``: what is left without bubblewrap."""
+    walls, ones = [], []
+    for _ in range(rounds):
+        ones.append(_once(root, 1, "shared", "off")["wall"])
+        walls.append(_once(root, n, "shared", "off")["wall"])
+    wall, one = statistics.median(walls), statistics.median(ones)
+    print(f"  shared x{n}, os sandbox off: {wall * 1000:.0f} ms vs one {one * 1000:.0f} ms")
+    return {
+        "measure": f"shared fan-out {n}, sandbox.os = off (no bwrap) vs 1 child, wall",
+        "orch_ms": wall * 1000,
+        "raw_ms": one * 1000,
+        "ratio": wall / one,
+        "goal": "-",
+        "met": True,
+    }
 
 
 def measure(tier: str, root: Path, rounds: int = 2) -> list[dict[str, Any]]:
@@ -245,6 +263,8 @@ def run(tiers: tuple[str, ...] = ("shared", "worktree", "container")) -> list[di
             root = Path(tmp)
             make_repo(root, 200)
             rows.extend(measure(tier, root))
+            if tier == "shared":
+                rows.append(unsandboxed(root))
     return rows
 
 
