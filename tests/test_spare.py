@@ -226,3 +226,34 @@ def test_a_runs_first_command_runs_in_the_sandbox_made_at_its_start(tmp_path: Pa
     first, second = (tool_results(r)[0]["content"] for r in h.requests_of(root.run_id)[1:3])
     assert 'read -r -d "" c' in first and probe not in first
     assert "[exit code 0]" in second
+
+
+def test_a_spare_killed_as_soon_as_it_is_made_never_hangs_the_close(tmp_path: Path) -> None:
+    """A run that ends at once kills its spare while bubblewrap may still be setting up: the
+    close must not wait on a sandbox that missed the group's kill (its shell reads the
+    closed stdin's end and goes)."""
+
+    async def main() -> None:
+        for _ in range(20):
+            sink = Sink()
+            async with asyncio.timeout(10):
+                async with SharedWorkspace(_spec(tmp_path, sink)) as ws:
+                    ws._shell.expect(_env())
+                    await asyncio.sleep(0)
+            assert sink.held == set()
+
+    asyncio.run(main())
+    assert _loaders_in(tmp_path) == []
+
+
+def _loaders_in(where: Path) -> list[int]:
+    """Pids of spare shells (or their sandboxes) still waiting in ``where``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b'read -r -d "" c' in argv and str(where).encode() in argv:
+            found.append(int(entry.name))
+    return found

@@ -30,6 +30,7 @@ from ..project.statedir import sign
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
 OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive
+STOP_WAIT_S = 5.0  # a stopped process's pipes: how long their last holders may take to go
 
 
 @dataclass
@@ -394,11 +395,20 @@ async def start_process(
 
 
 async def stop_process(started: Started) -> None:
-    """Kill a started process's whole group, reap it and forget it."""
+    """Kill a started process's whole group, reap it and forget it.
+
+    Its stdin (a spare's: ``spare.py``) is closed first: a shell still waiting there for a
+    command reads the end and exits, even when it was killed so early that bubblewrap had
+    not yet tied the sandbox to its parent's life (then the group's kill misses it, and
+    ``Process.wait``, which waits for the pipes too, would wait for ever)."""
+    proc = started.proc
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()
     # Never `proc.kill()` here: Popen.send_signal polls first, and that poll can reap the
     # child before asyncio's child watcher does (which then reports exit code 255).
-    kill_group(started.proc.pid)
-    await asyncio.shield(started.proc.wait())
+    kill_group(proc.pid)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_WAIT_S)
     started.sink.release_resource(started.run_id, "pgroup", started.ref)
 
 
