@@ -242,6 +242,43 @@ def measure(tier: str, root: Path, rounds: int = 2) -> list[dict[str, Any]]:
     return rows
 
 
+async def _raw_worktrees(root: Path, n: int) -> float:
+    """The primitive under a worktree fan-out: ``n`` plain ``git worktree add --no-checkout``
+    (git serialises them: run one after another) then their checkouts at once."""
+
+    async def git(*args: str, cwd: Path = root) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            "git", *args, cwd=cwd, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        if await proc.wait() != 0:
+            raise RuntimeError(f"git {' '.join(args)} failed")
+
+    base = root / ".raw-wt"
+    t0 = time.perf_counter()
+    for i in range(n):
+        await git("worktree", "add", "-q", "--no-checkout", "-b", f"raw{i}", str(base / str(i)))
+    await asyncio.gather(*(git("reset", "-q", "--hard", cwd=base / str(i)) for i in range(n)))
+    took = time.perf_counter() - t0
+    for i in range(n):
+        await git("worktree", "remove", "--force", str(base / str(i)))
+        await git("branch", "-D", f"raw{i}")
+    return took
+
+
+def worktree_floor(root: Path, n: int = 40) -> dict[str, Any]:
+    took = statistics.median(asyncio.run(_raw_worktrees(root, n)) for _ in range(3))
+    print(f"  raw: {n} plain git worktrees made and checked out in {took * 1000:.0f} ms")
+    return {
+        "measure": f"raw floor: {n} plain `git worktree add` + checkouts (200 files), wall",
+        "orch_ms": took * 1000,
+        "raw_ms": None,
+        "ratio": None,
+        "goal": "-",
+        "met": True,
+    }
+
+
 def _docker_ok() -> bool:
     try:
         import docker
@@ -265,6 +302,8 @@ def run(tiers: tuple[str, ...] = ("shared", "worktree", "container")) -> list[di
             rows.extend(measure(tier, root))
             if tier == "shared":
                 rows.append(unsandboxed(root))
+            if tier == "worktree":
+                rows.append(worktree_floor(root))
     return rows
 
 
