@@ -120,12 +120,13 @@ class RayExecutor:
         key = await self._repo_key(main, start)
         task = self._task(record, start, branch, key)
         for attempt in range(1, ATTEMPTS + 1):
-            async with self._placed() as node:
+            async with self._placed() as (node, reservation):
                 try:
                     actor = await self._actor(node)
                     data = await self._bundle_for(actor, node, main, start, key)
+                    sent = task.model_copy(update={"reservation": reservation})
                     ref = actor.run.remote(
-                        task.model_dump(), self.runner.catalog, data, self._secrets
+                        sent.model_dump(), self.runner.catalog, data, self._secrets
                     )
                     waited = asyncio.wrap_future(ref.future())
                 except Exception as e:
@@ -210,7 +211,7 @@ class RayExecutor:
             )
         return Placement(self.cfg, self._secrets, identity(env))
 
-    def _placed(self) -> contextlib.AbstractAsyncContextManager[str]:
+    def _placed(self) -> contextlib.AbstractAsyncContextManager[tuple[str, str]]:
         assert self._remote is not None
         return self._remote.placed()
 

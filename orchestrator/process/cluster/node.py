@@ -47,6 +47,7 @@ class NodeTask(BaseModel):
     start: str  # the commit the run starts from (a continued branch's tip)
     bundle_ref: str  # the starting commit's ref name inside the bundle
     repo_key: str  # the repository's identity: its bundle cache on the node (``warm.py``)
+    reservation: str | None = None  # its placement group (hex id): gone, the run ends
     branch: str | None = None  # a continued orch/* branch: made at ``start`` on the node
     settings: dict[str, Any]  # the spawner's resolved settings
     launch: Launch

@@ -75,8 +75,9 @@ class Placement:
         return {k: v for k, v in want.items() if v > 0}
 
     @asynccontextmanager
-    async def placed(self) -> AsyncIterator[str]:
-        """The node id of a reservation of one run's resources, held for the block."""
+    async def placed(self) -> AsyncIterator[tuple[str, str]]:
+        """A reservation of one run's resources, held for the block: its node's id and its
+        own (the placement group's, hex; it goes with this driver, and the run with it)."""
         from ray.util import placement_group, placement_group_table, remove_placement_group
 
         target = await self._target()
@@ -84,7 +85,7 @@ class Placement:
         try:
             await group.ready()
             table = await asyncio.to_thread(placement_group_table, group)
-            yield str(table["bundles_to_node_id"][0])
+            yield str(table["bundles_to_node_id"][0]), group.id.hex()
         finally:
             remove_placement_group(group)
 

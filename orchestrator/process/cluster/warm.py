@@ -74,9 +74,9 @@ class BundleCache:
             self.known.add(commit)
         return got.code == 0
 
-    async def take(self, bundle: bytes, start: str, ref: str) -> None:
+    async def take(self, bundle: bytes, start: str, ref: str) -> int:
         """Verify ``bundle`` against the cache and add its objects; it must hold ``start``
-        as ``ref``."""
+        as ``ref``. Returns how many commits of the cache it built on (0: a whole history)."""
         if not self.made:
             self.path.mkdir(mode=0o700)
             await git("init", "-q", "--bare", repo=self.repo, cwd=self.path)
@@ -92,6 +92,8 @@ class BundleCache:
             file.unlink(missing_ok=True)
         if f"{start} {ref}" not in got.out.splitlines() or not await self.has(start):
             raise RuntimeError(f"the bundle does not hold {ref} at {start}")
+        header = bundle.split(b"\n\n", 1)[0].splitlines()
+        return sum(1 for line in header if line.startswith(b"-"))
 
     def packs(self) -> list[Path]:
         pack = self.path / "objects" / "pack"
@@ -110,7 +112,8 @@ class OrchNode:
         self._active = 0
         self._last = time.monotonic()
         self._watch: asyncio.Task[None] | None = None
-        self.counts = {"started": 1, "runs": 0, "unbundled": 0, "have": 0}
+        self._reserved: dict[asyncio.Task[Any], str] = {}  # a run's call -> its reservation
+        self.counts = {"started": 1, "runs": 0, "unbundled": 0, "thin": 0, "have": 0}
         self._node = node_name()
         from ...engine.owner import set_node
         from ...models.registry import preload_modules
@@ -144,13 +147,16 @@ class OrchNode:
         self._check(secrets, spec.repo_key, spec.start)
         self._active += 1
         self._touch()
+        if (me := asyncio.current_task()) is not None and spec.reservation:
+            self._reserved[me] = spec.reservation
         tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="orch-node-", dir=self._root))
         try:
             cache = self._cache(spec.repo_key)
             async with cache.lock:
                 if bundle is not None and not await cache.has(spec.start):
-                    await cache.take(bundle, spec.start, spec.bundle_ref)
+                    built_on = await cache.take(bundle, spec.start, spec.bundle_ref)
                     self.counts["unbundled"] += 1
+                    self.counts["thin"] += built_on > 0
                 if not await cache.has(spec.start):
                     raise RuntimeError(f"this node has no commit {spec.start} of the repository")
                 packs = cache.packs()
@@ -160,6 +166,8 @@ class OrchNode:
             return result.model_dump()
         finally:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+            if me is not None:
+                self._reserved.pop(me, None)
             self._active -= 1
             self._touch()
 
@@ -192,15 +200,44 @@ class OrchNode:
             self._watch = asyncio.get_running_loop().create_task(self._idle())
 
     async def _idle(self) -> None:
-        """End this actor (its cache with it) once no run came for ``idle_s``."""
+        """Every tick: end the runs whose reservation is gone (their spawner died: Ray
+        removed the placement group it owned), and end this actor (its cache with it) once
+        no run came for ``idle_s``."""
+        tick = max(0.5, min(2.0, self._idle_s / 4))
         while True:
-            await asyncio.sleep(max(0.5, min(30.0, self._idle_s / 4)))
+            await asyncio.sleep(tick)
+            if self._reserved:
+                await self._end_orphans()
             if self._active == 0 and time.monotonic() - self._last >= self._idle_s:
                 break
         import ray
 
         await asyncio.to_thread(shutil.rmtree, self._root, True)
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+    async def _end_orphans(self) -> None:
+        gone = await asyncio.to_thread(_removed, set(self._reserved.values()))
+        for call, reservation in list(self._reserved.items()):
+            if reservation in gone:
+                self.counts["orphaned"] = self.counts.get("orphaned", 0) + 1
+                call.cancel()  # its runner ends the run the way a cancel does
+
+
+def _removed(reservations: set[str]) -> set[str]:
+    """Those of the placement groups (hex ids) that Ray no longer holds."""
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table
+
+    gone = set()
+    for hex_id in reservations:
+        try:
+            group = PlacementGroup(PlacementGroupID(bytes.fromhex(hex_id)))
+            state = placement_group_table(group).get("state")
+        except Exception:  # Ray's own errors: judged again next tick
+            continue
+        if state == "REMOVED":
+            gone.add(hex_id)
+    return gone
 
 
 async def _checkout(spec: NodeTask, packs: list[Path], path: Path) -> RepoPaths:
@@ -220,19 +257,22 @@ async def _checkout(spec: NodeTask, packs: list[Path], path: Path) -> RepoPaths:
 
 
 def list_stats(address: str) -> list[dict[str, Any]]:
-    """Every warm orch of the cluster at ``address``, its :meth:`OrchNode.stats` (joins the
-    cluster: for a process of its own, e.g. a test's helper)."""
+    """Every live warm orch of the cluster at ``address``: its name and
+    :meth:`OrchNode.stats` (joins the cluster: for a process of its own, e.g. a test's)."""
     import ray
 
     ray.init(address=address, namespace="orch", log_to_driver=False)
     try:
-        named = ray.util.list_named_actors(all_namespaces=True)
-        handles = [
-            ray.get_actor(a["name"], namespace=a["namespace"])
-            for a in named
-            if a["name"].startswith("orch-node-")
-        ]
-        found: list[dict[str, Any]] = ray.get([h.stats.remote() for h in handles])
+        found: list[dict[str, Any]] = []
+        for a in ray.util.list_named_actors(all_namespaces=True):
+            if not a["name"].startswith("orch-node-"):
+                continue
+            try:  # one that ends meanwhile is not listed
+                handle = ray.get_actor(a["name"], namespace=a["namespace"])
+                stats: Any = ray.get(handle.stats.remote(), timeout=30)
+                found.append({"name": a["name"], **stats})
+            except (ValueError, ray.exceptions.RayError):
+                continue
         return found
     finally:
         ray.shutdown()
