@@ -2,7 +2,7 @@
 
 :class:`OrchNode` is what ``driver.py`` sends runs to. Made once per node for one
 *identity* (a slow hash of the spawner's user and forwarded environment: API key, base
-URL, store URL; ``driver.identity``), it
+URL, store URL; ``place.identity``), it
 
 - imports orch, the store and the model SDKs once, when it starts; every run after that
   is a coroutine of its event loop, as a child is in its spawner's process;
@@ -19,7 +19,9 @@ URL, store URL; ``driver.identity``), it
   the cache's packs: no run writes the cache, and no run reaches another repository's;
 - ends itself once idle (no run for ``idle_s``, ``ORCH_RAY_IDLE_S``, default 600 s; its
   cache goes with it), and with the cluster. It is ``detached`` (it outlives the ``orch``
-  command that made it, which is the point), never restarted.
+  command that made it, which is the point), never restarted;
+- ends a run whose reservation is gone (``NodeTask.reservation``: the placement group
+  its spawner owns, removed by Ray when the spawner dies), as a cancel does.
 """
 
 from __future__ import annotations
