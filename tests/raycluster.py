@@ -1,8 +1,9 @@
 """A real multi-node Ray cluster on loopback, in a child process, for the tests.
 
-``python tests/raycluster.py DIR`` starts a head node and one worker node (``ray``'s own
-``cluster_utils.Cluster``: real raylets, a real GCS, separate node ids), all on 127.0.0.1,
-writes ``DIR/cluster.json`` (address, node ids) and then obeys lines on stdin:
+``python tests/raycluster.py DIR [SLOTS]`` starts a head node and one worker node (``ray``'s
+own ``cluster_utils.Cluster``: real raylets, a real GCS, separate node ids), all on
+127.0.0.1, each with ``SLOTS`` orch_slots (default 2), writes ``DIR/cluster.json``
+(address, node ids) and then obeys lines on stdin:
 
 - ``add SLOTS``: one more worker node with ``SLOTS`` orch_slots; answers its node id;
 - ``kill NODE_ID``: kills that node's processes at once (a machine that dies);
@@ -27,7 +28,7 @@ from typing import Any
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def main(where: Path) -> None:
+def main(where: Path, slots: float = 2) -> None:
     os.environ.update(LOOPBACK_ENV)
     from ray.cluster_utils import Cluster
 
@@ -35,13 +36,13 @@ def main(where: Path) -> None:
     cluster: Any = Cluster(
         initialize_head=True,
         head_node_args={
-            **common, "resources": {"orch_slots": 2}, "include_dashboard": False,
+            **common, "resources": {"orch_slots": slots}, "include_dashboard": False,
             "_system_config": {"health_check_failure_threshold": 3,
                                "health_check_period_ms": 1000},
         },
     )  # fmt: skip
     nodes = {cluster.head_node.node_id: cluster.head_node}
-    worker = cluster.add_node(**common, resources={"orch_slots": 2})
+    worker = cluster.add_node(**common, resources={"orch_slots": slots})
     nodes[worker.node_id] = worker
     cluster.wait_for_nodes()
     info = {
@@ -68,4 +69,4 @@ def main(where: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *(float(a) for a in sys.argv[2:3]))

@@ -170,7 +170,7 @@ def test_worktree_children_spread_over_two_nodes_and_come_back_as_branches(
     root = next(r for r in rows if r["depth"] == 0)
     children = [r for r in rows if r["depth"] == 1]
     assert len(children) == 2 and all(r["status"] == "succeeded" for r in children)
-    assert "/ray-" not in (root["node"] or "")  # a foreground root stays in its process
+    assert "/ray-" not in (root["node"] or "")  # a shared-tier root stays in its process
     nodes = {r["node"] for r in children}
     ids = {cluster.info["head"][:8], cluster.info["worker"][:8]}
     assert {n.rsplit("/ray-", 1)[1] for n in nodes} == ids  # one child on each node

@@ -1,13 +1,17 @@
 """The spawner's side of ``executor = "ray"``: runs sent to a Ray cluster, awaited here.
 
-:class:`RayExecutor` is the Runner's ``Executor``. A worktree- or container-tier run that
-got its slot and its place in the chain is sent, not started: its starting commit (the
-spawner's HEAD, or a continued branch's tip) is bundled with hardened git and put in Ray's
-object store once per commit, and one Ray task (``node.run_on_node``) with the run's
-resource request (``[ray]``: CPUs, memory, ``orch_slots``; spread over the nodes, never
-retried) adopts the stored run on a node. The task is awaited like a local child, so
-foreground, background, auto-background, ``task_output``, ``task_stop`` and resume are the
-local machinery unchanged.
+:class:`RayExecutor` is the Runner's ``Executor``. A worktree- or container-tier run (a
+child, or a root, foreground or background) that got its slot and its place in the chain
+is sent, not started: its resource request (``[ray]``: CPUs, memory, ``orch_slots``) is
+reserved on a node (``place.py``: a placement group, spread over the nodes), and the
+node's warm orch (``warm.OrchNode``, a long-lived actor) adopts the stored run there. Its
+starting commit (the spawner's HEAD, or a continued branch's tip) reaches the node's bundle
+cache once: the spawner asks what it holds and sends nothing, the commits past what it
+holds, or (first time) a bundle of the whole history, made with hardened git and put in
+Ray's object store. The call is awaited like a local child, so foreground, background,
+auto-background, ``task_output``, ``task_stop`` and resume are the local machinery
+unchanged. A warm orch that was gone before the run began there (ended idle, node lost)
+gets the run again, on a fresh one (``ATTEMPTS``).
 
 What comes back is data: a bundle of the ``orch/*`` branches the run made, unbundled into
 the spawner's repository with hardened git and moved onto their branches by
@@ -16,21 +20,24 @@ both, ``<branch>-head``).
 
 Cancel: a cancelled wait asks the store to cancel the run (the node's supervisor ends it
 the normal way, work committed) and gives it ``ray.cancel_grace_s`` before
-``ray.cancel(force=True)``. A node that dies leaves the run ``interrupted`` with its
+``ray.cancel`` (the run's coroutine on the node is cancelled: its runner ends it and cleans
+up; the node's other runs go on). A node that dies leaves the run ``interrupted`` with its
 partial output; the store keeps all it wrote.
 
 Secrets: the model provider's key and base URL and a Postgres URL reach the nodes as one
 object in Ray's object store (``ray.put`` once per driver, passed by reference: in the
-memory of this process and of the node, over Ray's own connections), set in the node
-process's environment for the run and removed after. Not as Ray runtime-env variables:
-Ray's runtime-env agent writes those, values included, to its log files. Never in the
-store or any log (``tests/test_ray.py`` greps the store, orch's and Ray's logs).
+memory of this process and of the node, over Ray's own connections), set in the
+environment of the node's warm orch, which serves that identity only (``place.identity``).
+Not as Ray runtime-env variables: Ray's runtime-env agent writes those, values included,
+to its log files. Never in the store or any log (``tests/test_ray.py`` greps the store,
+orch's and Ray's logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -47,7 +54,9 @@ from ...store import SqliteStore, store_url
 from ...workspaces.container.export import land
 from ...workspaces.container.transfer import Staging, base_bundle, bundle_ref
 from . import REMOTE_TIERS
-from .node import NodeResult, NodeTask, run_on_node
+from .node import NodeResult, NodeTask
+from .place import Placement, identity
+from .warm import thin_bundle
 
 if TYPE_CHECKING:
     from ...config import RaySettings
@@ -57,6 +66,7 @@ if TYPE_CHECKING:
 FORWARDED_ENV = (*env_names(), "ORCH_STORE")  # the model providers' settings, the store
 _SAFE_REF = re.compile(r"^refs/heads/orch/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
+ATTEMPTS = 3  # a run whose node's warm orch was gone before it began is sent again
 NO_CLUSTER = (
     "cannot reach the Ray cluster at {where}: {why}; start one (`ray start --head "
     "--resources '{{\"orch_slots\": 4}}'`) and set RAY_ADDRESS, or drop --executor ray"
@@ -76,18 +86,21 @@ class RayExecutor:
         self.runner = runner
         self.cfg = config if config is not None else runner.settings.ray
         self._bundles: dict[Path, Any] = {}  # bundle file -> its ObjectRef
-        self._remote: Any = None
+        self._remote: Placement | None = None
+        self._known: set[tuple[str, str, str]] = set()  # (node, repo key, commit) it holds
+        self._keys: dict[tuple[str, str], str] = {}  # (git dir, commit) -> repository key
         self._secrets: Any = None  # ObjectRef of the forwarded environment
         self._lock = asyncio.Lock()
 
     # -- Executor --------------------------------------------------------------------
     def takes(self, record: RunRecord) -> bool:
-        """Worktree and container children, and background roots; a container child of a
-        container run stays with its parent (it starts from the parent's live checkpoint)."""
+        """Worktree and container runs, roots (foreground or background) and children; a
+        container child of a container run stays with its parent (it starts from the
+        parent's live checkpoint)."""
         if record.isolation not in REMOTE_TIERS:
             return False
         if record.parent_run_id is None:
-            return record.background
+            return True
         parent = self.runner.store.get_run(record.parent_run_id)
         return parent is None or parent.isolation != "container"
 
@@ -104,28 +117,41 @@ class RayExecutor:
                 + (f" (or no branch {branch})" if branch else "")
                 + "; make a first commit or use isolation 'shared'"
             )
-        data = await self._put(await base_bundle(main, start))
-        task = self._task(record, start, branch)
-        ref = self._remote.options(**self._options()).remote(
-            task.model_dump(), self.runner.catalog, data, self._secrets
-        )
-        waited = asyncio.wrap_future(ref.future())
-        try:
-            raw = await asyncio.shield(waited)
-        except asyncio.CancelledError:
-            got = await self._stop(record, ref, waited)
-            if got is not None:
-                await self._take(main, record, got, branch)
-                self._end(record, got)
-            raise
-        except Exception as e:
-            return self._failed(record, e)
-        result = NodeResult.model_validate(raw)
-        await self._take(main, record, result, branch)
-        return self._end(record, result)
+        key = await self._repo_key(main, start)
+        task = self._task(record, start, branch, key)
+        for attempt in range(1, ATTEMPTS + 1):
+            async with self._placed() as (node, reservation):
+                try:
+                    actor = await self._actor(node)
+                    data = await self._bundle_for(actor, node, main, start, key)
+                    sent = task.model_copy(update={"reservation": reservation})
+                    ref = actor.run.remote(
+                        sent.model_dump(), self.runner.catalog, data, self._secrets
+                    )
+                    waited = asyncio.wrap_future(ref.future())
+                except Exception as e:
+                    if attempt < ATTEMPTS and self._unstarted(record, node, e):
+                        continue
+                    return self._failed(record, e)
+                try:
+                    raw = await asyncio.shield(waited)
+                except asyncio.CancelledError:
+                    got = await self._stop(record, ref, waited)
+                    if got is not None:
+                        await self._take(main, record, got, branch)
+                        self._end(record, got)
+                    raise
+                except Exception as e:
+                    if attempt < ATTEMPTS and self._unstarted(record, node, e):
+                        continue
+                    return self._failed(record, e)
+            result = NodeResult.model_validate(raw)
+            await self._take(main, record, result, branch)
+            return self._end(record, result)
+        raise AssertionError("unreachable")  # the last attempt returns
 
     # -- internals -------------------------------------------------------------------
-    def _task(self, record: RunRecord, start: str, branch: str | None) -> NodeTask:
+    def _task(self, record: RunRecord, start: str, branch: str | None, key: str) -> NodeTask:
         runner = self.runner
         sqlite = None
         if shared_store(runner) is None and isinstance(runner.store, SqliteStore):
@@ -134,6 +160,7 @@ class RayExecutor:
             run_id=record.run_id,
             start=start,
             bundle_ref=bundle_ref(start),
+            repo_key=key,
             branch=branch,
             # the store's URL (it may hold a password) travels with the secrets only
             settings=runner.settings.model_dump(mode="json", by_alias=True, exclude={"store"}),
@@ -142,18 +169,6 @@ class RayExecutor:
             sqlite=sqlite,
             max_bundle=runner.settings.sandbox.bundle_max_bytes,
         )
-
-    def _options(self) -> dict[str, Any]:
-        cfg = self.cfg
-        options: dict[str, Any] = {
-            "num_cpus": cfg.num_cpus,
-            "resources": {"orch_slots": cfg.slots},
-            "scheduling_strategy": "SPREAD",
-            "max_retries": 0,
-        }
-        if cfg.memory_mb:
-            options["memory"] = cfg.memory_mb * 1024 * 1024
-        return options
 
     def connect(self) -> None:
         """Join the cluster now (a command fails at once, in one line, without one)."""
@@ -165,7 +180,7 @@ class RayExecutor:
             if self._remote is None:
                 self._remote = await asyncio.to_thread(self._connect_sync)
 
-    def _connect_sync(self) -> Any:
+    def _connect_sync(self) -> Placement:
         # Ray's `uv run` hook walks this process's parents at init, and fails when one exits
         # meanwhile (a worker host outlives its launcher); orch's nodes never need it.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -194,7 +209,66 @@ class RayExecutor:
                 f"the Ray cluster has {slots:g} orch_slots, a run asks for {self.cfg.slots:g}: "
                 "start its nodes with --resources '{\"orch_slots\": N}'"
             )
-        return ray.remote(run_on_node)
+        return Placement(self.cfg, self._secrets, identity(env))
+
+    def _placed(self) -> contextlib.AbstractAsyncContextManager[tuple[str, str]]:
+        assert self._remote is not None
+        return self._remote.placed()
+
+    async def _actor(self, node: str) -> Any:
+        assert self._remote is not None
+        return await self._remote.actor(node)
+
+    async def _repo_key(self, main: RepoPaths, start: str) -> str:
+        """The repository's identity on the nodes (its bundle cache there): this host, its
+        git directory and its root commits; found once per commit."""
+        found = self._keys.get((str(main.common_dir), start))
+        if found is None:
+            roots = await git("rev-list", "--max-parents=0", start, repo=main)
+            text = "\0".join([socket.gethostname(), str(main.common_dir), *roots.out.split()])
+            found = hashlib.sha256(text.encode()).hexdigest()
+            self._keys[str(main.common_dir), start] = found
+        return found
+
+    async def _bundle_for(
+        self, actor: Any, node: str, main: RepoPaths, start: str, key: str
+    ) -> Any:
+        """What the node's cache lacks of ``start``: None (it holds it), the commits past
+        what it holds, or (a first run there) its whole history; an ObjectRef."""
+        if (node, key, start) in self._known:
+            return None
+        have = await actor.have.remote(self._secrets, key, start)
+        if have["has"]:
+            self._known.add((node, key, start))
+            return None
+        tips = [t for t in have["tips"] if isinstance(t, str) and _SHA.match(t)]
+        if tips:  # the ones this repository holds: the bundle's prerequisites
+            held = await git("rev-list", "--no-walk", "--ignore-missing", *tips, repo=main)
+            tips = held.out.split()
+        if not tips:
+            return await self._put(await base_bundle(main, start))
+        import ray
+
+        staging = await asyncio.to_thread(Staging)
+        try:
+            path = staging.path("thin.bundle")
+            await thin_bundle(main, start, path, bundle_ref(start), tips)
+            data = await asyncio.to_thread(path.read_bytes)
+        finally:
+            await asyncio.to_thread(staging.remove)
+        return await asyncio.to_thread(ray.put, data)
+
+    def _unstarted(self, record: RunRecord, node: str, error: Exception) -> bool:
+        """The node's warm orch was gone (it ended idle, or its node was lost) before the
+        run began there: worth another try on a fresh one."""
+        from ray.exceptions import RayActorError
+
+        if not isinstance(error, RayActorError):
+            return False
+        assert self._remote is not None
+        self._remote.forget(node)
+        self._known = {k for k in self._known if k[0] != node}
+        return self.runner.store.require_run(record.run_id).status == RunStatus.QUEUED
 
     async def _put(self, bundle: Path) -> Any:
         found = self._bundles.get(bundle)
@@ -217,7 +291,7 @@ class RayExecutor:
             return NodeResult.model_validate(raw)
         except (asyncio.CancelledError, Exception):
             with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
+                ray.cancel(ref)  # the node's coroutine: its runner ends the run, cleaned up
             return None
 
     def _end(self, record: RunRecord, result: NodeResult) -> RunRecord:

@@ -1,20 +1,19 @@
-"""The node's side of a run sent to a Ray cluster: clone, adopt, bring the branches back.
+"""The node's side of a run sent to a Ray cluster: adopt, bring the branches back.
 
-:func:`run_on_node` is what a Ray task executes on a worker node (``driver.py``
-submits it). It gets the run id, the spawner's resolved settings, agents and launch
-options, and the run's starting commit as a git bundle; it
+:func:`adopt` is what the node's warm orch (``warm.OrchNode``, which ``driver.py`` calls)
+runs for each run, in a repository of this node made for it from the bundle cache
+(``HEAD`` detached at the starting commit; a continued branch made at its tip). It gets the
+run id, the spawner's resolved settings, agents and launch options; it
 
-1. makes a temp repository on the node and fetches the bundle into it (``HEAD`` detached
-   at the starting commit; a continued branch made at its tip) with hardened git;
-2. builds a Runner with those settings and agents, the store named by the node's
-   environment (``ORCH_STORE``, set from the spawner's through Ray's runtime env; or the
-   spawner's SQLite file when every node shares the machine) and the same model, and
-   adopts the stored ``queued`` run with that repository as its working directory: its
-   tier (a worktree of the temp repository, or a container of the node's own Docker
-   engine) runs here, progress and events go to the shared store, cancel requests are
-   watched, its children start here;
-3. bundles every ``orch/*`` branch the run (and its children) left, past the starting
-   commit, and returns it as bytes with the heads it holds; the temp repository goes.
+1. builds a Runner with those settings and agents, the store named by the node's
+   environment (``ORCH_STORE``, set from the spawner's secrets; or the spawner's SQLite
+   file when every node shares the machine) and the same model, and adopts the stored
+   ``queued`` run with that repository as its working directory: its tier (a worktree of
+   the temp repository, or a container of the node's own Docker engine) runs here,
+   progress and events go to the shared store, cancel requests are watched, its children
+   start here;
+2. bundles every ``orch/*`` branch the run (and its children) left, past the starting
+   commit, and returns it as bytes with the heads it holds.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ import asyncio
 import contextlib
 import os
 import socket
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ from pydantic import BaseModel, ConfigDict
 
 from ...catalog.definitions import Catalog
 from ...config import Settings
-from ...engine.owner import set_node
 from ...project.git import RepoPaths, git
 from ...spec import Launch
 from ...store import RunStore, SqliteStore, open_store
@@ -49,6 +46,8 @@ class NodeTask(BaseModel):
     run_id: str
     start: str  # the commit the run starts from (a continued branch's tip)
     bundle_ref: str  # the starting commit's ref name inside the bundle
+    repo_key: str  # the repository's identity: its bundle cache on the node (``warm.py``)
+    reservation: str | None = None  # its placement group (hex id): gone, the run ends
     branch: str | None = None  # a continued orch/* branch: made at ``start`` on the node
     settings: dict[str, Any]  # the spawner's resolved settings
     launch: Launch
@@ -80,33 +79,23 @@ def spawner_env(secrets: dict[str, str]) -> Iterator[None]:
     """This process's environment holds the spawner's ``secrets`` while the block runs: a
     name the spawner does not set ("") is unset, so a node's own API base URL or
     token never pairs with the spawner's key; afterwards everything is as it was."""
-    saved = {k: os.environ.get(k) for k in secrets}
-    for k, v in secrets.items():
+    saved = set_env(secrets)
+    try:
+        yield
+    finally:
+        set_env(saved)
+
+
+def set_env(values: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Set each name to its value in this process's environment ("" or None: unset it);
+    returns what they were."""
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
         if v:
             os.environ[k] = v
         else:
             os.environ.pop(k, None)
-    try:
-        yield
-    finally:
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
-
-
-def run_on_node(
-    task: dict[str, Any], catalog: Catalog, bundle: bytes, secrets: dict[str, str]
-) -> dict[str, Any]:
-    """The Ray task: one run, adopted on this node (see the module doc). ``secrets`` (the
-    API key, a base URL, a store URL) are this process's environment for the run, and only
-    for it (:func:`spawner_env`)."""
-    spec = NodeTask.model_validate(task)
-    set_node(node_name())
-    with spawner_env(secrets), tempfile.TemporaryDirectory(prefix="orch-node-") as tmp:
-        result = asyncio.run(_run(spec, catalog, bundle, Path(tmp)))
-    return result.model_dump()
+    return saved
 
 
 def _store(spec: NodeTask, repo: Path) -> RunStore:
@@ -117,9 +106,10 @@ def _store(spec: NodeTask, repo: Path) -> RunStore:
     return open_store(repo)
 
 
-async def _run(spec: NodeTask, catalog: Catalog, bundle: bytes, tmp: Path) -> NodeResult:
-    path = tmp / "repo"
-    repo = await _clone(spec, bundle, tmp, path)
+async def adopt(spec: NodeTask, catalog: Catalog, repo: RepoPaths, tmp: Path) -> NodeResult:
+    """Adopt the stored run in ``repo`` (a repository of this node made for it, HEAD at the
+    start) with the spawner's settings and agents, and bundle what it left."""
+    path = repo.main_root
     settings = Settings.model_validate(spec.settings)
     store = _store(spec, path)
     # the spawner's launch names its model (``model_spec``, sent apart too)
@@ -143,24 +133,6 @@ async def _run(spec: NodeTask, catalog: Catalog, bundle: bytes, tmp: Path) -> No
     else:
         result.bundle = data
     return result
-
-
-async def _clone(spec: NodeTask, bundle: bytes, tmp: Path, path: Path) -> RepoPaths:
-    """A repository of this node holding the bundle's history, HEAD at the start."""
-    file = tmp / "in.bundle"
-    await asyncio.to_thread(file.write_bytes, bundle)
-    await asyncio.to_thread(path.mkdir)
-    repo = RepoPaths(path / ".git", path, path / ".git", path)
-    await git("init", "-q", "-b", "orch-node", repo=repo, cwd=path)
-    got = await git("bundle", "unbundle", str(file), repo=repo)
-    if f"{spec.start} {spec.bundle_ref}" not in got.out.splitlines():
-        raise RuntimeError(f"the bundle does not hold {spec.bundle_ref} at {spec.start}")
-    await git("update-ref", "--no-deref", "HEAD", spec.start, repo=repo)
-    await git("reset", "-q", "--hard", spec.start, repo=repo)
-    if spec.branch:
-        await git("update-ref", f"refs/heads/{spec.branch}", spec.start, repo=repo)
-    file.unlink()
-    return repo
 
 
 async def _export(repo: RepoPaths, out: Path, start: str) -> tuple[dict[str, str], bytes | None]:
