@@ -265,3 +265,28 @@ def test_planted_memory_links_show_the_model_no_hidden_file(tmp_path: Path) -> N
     (request,) = api.requests
     system = json.dumps(request["system"])
     assert "SQLite" not in system and STORED not in system and SECRET not in system
+
+
+def test_a_shared_child_takes_its_spawners_hidden_paths_only_when_they_fit(
+    tmp_path: Path,
+) -> None:
+    """A hundred shared children in one directory do not each resolve the same paths: a
+    child takes its spawner's hidden list when the spawner is that directory, made with
+    the same settings; anything else is found anew."""
+    from orchestrator.workspaces.hiding import inherited
+    from orchestrator.workspaces.shared import SharedWorkspace
+
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "other").mkdir()
+    sandbox = SandboxSettings(hidden=["secrets", "~/.ssh"])
+    parent = SharedWorkspace(WorkspaceSpec("r-p", "c", "general", "p", tmp_path, sandbox=sandbox))
+    assert "secrets" in parent.hidden
+    child_spec = WorkspaceSpec("r-c", "c", "general", "c", tmp_path, sandbox=sandbox, parent=parent)
+    assert inherited(child_spec, tmp_path) == parent.hidden
+    assert SharedWorkspace(child_spec).hidden == parent.hidden
+    other = SandboxSettings(hidden=["other"])
+    differs = WorkspaceSpec("r-d", "c", "general", "d", tmp_path, sandbox=other, parent=parent)
+    assert inherited(differs, tmp_path) is None
+    assert "other" in SharedWorkspace(differs).hidden
+    elsewhere = WorkspaceSpec("r-e", "c", "general", "e", tmp_path / "other", parent=parent)
+    assert inherited(elsewhere, tmp_path / "other") is None

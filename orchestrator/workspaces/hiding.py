@@ -82,6 +82,24 @@ def hidden_rels(spec: WorkspaceSpec, mirrors: Sequence[Path]) -> tuple[str, ...]
     return hidden_within(mirrors, spec.sandbox.hidden, state_dir)
 
 
+def inherited(spec: WorkspaceSpec, root: Path) -> tuple[str, ...] | None:
+    """The hidden paths of the spawner's open workspace when it is this very host directory
+    and was made with the same hidden settings: what ``hidden_rels`` would find here, or
+    more (a worktree parent also mirrors the tree it came from), found before any agent of
+    this run could plant anything. None when they cannot be taken over."""
+    parent = spec.parent
+    if parent is None or parent.root != root or parent.isolation == "container":
+        return None
+    if parent.spec.sandbox.hidden != spec.sandbox.hidden:
+        return None
+    if parent.spec.state_dir != spec.state_dir:
+        return None
+    hidden = getattr(parent, "hidden", None)
+    if not isinstance(hidden, tuple) or not all(isinstance(h, str) for h in hidden):
+        return None
+    return hidden
+
+
 def hidden_within(
     mirrors: Sequence[Path], entries: Sequence[str], state_dir: str | None
 ) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .base import ProcessResult, RunOutcome, Runtime, TierConfig, WorkspaceSpec
-from .hiding import absolute_hidden, hidden_rels, mirrored
+from .hiding import absolute_hidden, hidden_rels, inherited, mirrored
 from .host import HostRuntime, confinement, os_sandbox_mode
 from .lifetime import Shielded
 from .saved import Confined
@@ -34,7 +34,9 @@ class SharedWorkspace(Shielded):
     def __init__(self, spec: WorkspaceSpec) -> None:
         self.spec = spec
         self.root: Path = spec.base  # resolved: a root's at admission, a child's is its parent's
-        self.hidden = hidden_rels(spec, mirrored(self.root))  # refused to every tool (``hiding``)
+        # refused to every tool (``hiding``); a child in its spawner's directory takes its
+        # spawner's (a hundred children do not each resolve the same fifty paths)
+        self.hidden = inherited(spec, self.root) or hidden_rels(spec, mirrored(self.root))
         self._shell = Shell(
             spec,
             self.root,
