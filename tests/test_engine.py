@@ -93,7 +93,7 @@ def test_bash_runs_in_the_runtime_with_the_scrubbed_environment(
     assert command == "make test"
     assert "ANTHROPIC_API_KEY" not in env and env.get("HARMLESS_SETTING") == "yes"
     assert [c.exit_code for c in root.evidence.commands] == [0]
-    assert runtime.expected == [env]  # told at the start, to make its sandbox meanwhile
+    assert runtime.expected == [env, env]  # told at each request: a sandbox made meanwhile
 
 
 def test_a_run_without_bash_has_no_sandbox_made_ahead(tmp_path: Path) -> None:

@@ -66,6 +66,14 @@ def _play(body: Callable[[SharedWorkspace, Sink], Coroutine[Any, Any, None]], ro
     return sink
 
 
+def _spare_now(shell: Shell, env: dict[str, str]) -> None:
+    """Have a spare made now (``expect`` waits after its first time)."""
+    if shell._later is not None:
+        shell._later.cancel()
+        shell._later = None
+    shell._make_spare(dict(env))
+
+
 async def _ready(shell: Shell) -> int:
     """The pid of the spare once made."""
     assert shell._spare is not None
@@ -90,7 +98,7 @@ def test_a_spare_runs_the_command_as_a_fresh_sandbox_does(tmp_path: Path) -> Non
         shell, env = ws._shell, _env()
         for command in ODD:
             fresh = await ws.exec(command, timeout_s=10, env=env)  # no spare: made on the spot
-            shell.expect(env)
+            _spare_now(shell, env)
             await _ready(shell)
             before = shell.spares_used
             spared = await ws.exec(command, timeout_s=10, env=env)
@@ -165,9 +173,7 @@ def test_a_spare_for_another_environment_or_a_dead_one_is_not_used(tmp_path: Pat
         assert shell.spares_used == 0 and result.output.strip() == "2"
         with pytest.raises(ProcessLookupError):
             os.kill(first, 0)  # the unfit spare was killed
-        if shell._later is not None:
-            shell._later.cancel()
-        shell.expect(env)
+        _spare_now(shell, env)
         dead = await _ready(shell)
         os.killpg(dead, signal.SIGKILL)
         await asyncio.sleep(0.2)
@@ -183,7 +189,11 @@ def test_no_spare_outlives_its_workspace(tmp_path: Path) -> None:
 
     async def body(ws: SharedWorkspace, sink: Sink) -> None:
         env = _env()
-        await ws.exec("true", timeout_s=10, env=env)  # a spare is made a moment after a call
+        ws._shell.expect(env)  # the first request: a spare at once
+        await ws.exec("true", timeout_s=10, env=env)
+        assert ws._shell.spares_used == 1 and ws._shell._spare is None
+        ws._shell.expect(env)  # a later request: one a moment later
+        assert ws._shell._spare is None
         await asyncio.sleep(SPARE_AFTER_S + 0.3)
         pids.append(await _ready(ws._shell))
         assert sink.held  # registered: a crash leaves it to reconcile

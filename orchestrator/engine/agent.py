@@ -219,6 +219,7 @@ class AgentRun:
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start
             if schema["name"] == "task":
                 tools[i] = {**schema, "description": task_description(ctx.catalog, ctx.definition)}
+        shell = "bash" in ctx.policy.offered_tools()
         turns = 0
         while True:
             if turns >= self.max_turns:
@@ -229,6 +230,8 @@ class AgentRun:
                 )
             self._deliver_notifications()
             turns += 1
+            if shell:  # the model thinks: the sandbox of a command it may send is made meanwhile
+                ctx.tool_ctx.runtime.expect(ctx.tool_ctx.env)
             request = ModelRequest(
                 system=system,
                 messages=list(self.messages),

@@ -128,8 +128,6 @@ class Execution:
                 evidence = record.evidence.model_copy()
                 spawner = ChildSpawner(self.host, record, ws.root, notifications, evidence)
                 ctx = self._context(record, ws, spawner, notifications)
-                if "bash" in ctx.policy.offered_tools():  # its first sandbox, made meanwhile
-                    ctx.tool_ctx.runtime.expect(ctx.tool_ctx.env)
                 try:
                     outcome = await self._guarded(ctx, spawner)
                 except asyncio.CancelledError:

@@ -6,8 +6,10 @@ Making one costs ≈ 6 ms of CPU, most of it in the kernel, and on two cores a h
 children calling ``bash`` at once wait ≈ 0.6 s for their sandboxes alone. So
 :class:`Shell` makes the *next* command's sandbox while the model thinks: a sandbox
 whose shell waits for one command on its stdin (``LOADER``), then becomes that command
-(``exec bash -c``), with stdin from ``/dev/null`` as a fresh call has. One is made when
-the run starts (its agent may run ``bash``) and again a moment after each call.
+(``exec bash -c``), with stdin from ``/dev/null`` as a fresh call has. The engine says
+when the model is asked (``Runtime.expect``, for agents that have ``bash``): the first
+time one is made at once, later ``SPARE_AFTER_S`` after the request, so that a quick
+reply (a run's final answer most of all) costs no sandbox.
 
 Nothing is shared between two commands: a spare serves one command and is gone with it
 (its process group killed, its PID namespace with it); a spare made for another
@@ -38,7 +40,7 @@ from .host import confined, run_confined
 
 # reads one NUL-ended command from stdin, then becomes it, with stdin from /dev/null
 LOADER = 'IFS= read -r -d "" c || exit 126; exec bash -c "$c" </dev/null'
-SPARE_AFTER_S = 0.5  # after a call: when the next sandbox is made (a model turn is longer)
+SPARE_AFTER_S = 0.3  # after a request is sent: when the next sandbox is made
 
 
 class Shell:
@@ -60,17 +62,31 @@ class Shell:
         self._later: asyncio.TimerHandle | None = None
         self._dropping: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._asked = False  # expect was called before: the next spare waits SPARE_AFTER_S
         self.spares_used = 0  # commands that ran in a sandbox made ahead (for tests, bench)
 
     def expect(self, env: Mapping[str, str]) -> None:
-        """A command with ``env`` may come: make its sandbox now, in the background."""
-        if self._closed or self.spec.sandbox.os != "bwrap":
+        """A command with ``env`` may come (the model is asked): make its sandbox, in the
+        background, at once the first time, ``SPARE_AFTER_S`` later after that (a reply
+        sooner than that, a run's final answer most of all, wastes none)."""
+        if self._closed or self.spec.sandbox.os != "bwrap" or self._later is not None:
             return
         if self._spare is not None and self._spare_env == dict(env):
             return
+        if self._asked:
+            loop = asyncio.get_running_loop()
+            self._later = loop.call_later(SPARE_AFTER_S, self._make_spare, dict(env))
+        else:
+            self._asked = True
+            self._make_spare(dict(env))
+
+    def _make_spare(self, env: dict[str, str]) -> None:
+        self._later = None
+        if self._closed:
+            return
         self._drop()
-        self._spare_env = dict(env)
-        self._spare = asyncio.ensure_future(self._make(self._spare_env))
+        self._spare_env = env
+        self._spare = asyncio.ensure_future(self._make(env))
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]
@@ -79,30 +95,25 @@ class Shell:
             self._later.cancel()
             self._later = None
         spare = await self._take(env) if "\x00" not in command else None
-        try:
-            if spare is not None:
-                try:
-                    fed = await _feed(spare, command)
-                except BaseException:
-                    await stop_process(spare)
-                    raise
-                if fed:
-                    self.spares_used += 1
-                    return await finish_process(spare, timeout_s=timeout_s)
-                await stop_process(spare)  # it died before it could take the command
-            return await run_confined(
-                command,
-                spec=self.spec,
-                workspace=self.workspace,
-                read_only_within=self.read_only_within,
-                timeout_s=timeout_s,
-                env=env,
-                hidden_within=self.hidden_within,
-            )
-        finally:
-            if not self._closed and self.spec.sandbox.os == "bwrap":
-                loop = asyncio.get_running_loop()
-                self._later = loop.call_later(SPARE_AFTER_S, self.expect, dict(env))
+        if spare is not None:
+            try:
+                fed = await _feed(spare, command)
+            except BaseException:
+                await stop_process(spare)
+                raise
+            if fed:
+                self.spares_used += 1
+                return await finish_process(spare, timeout_s=timeout_s)
+            await stop_process(spare)  # it died before it could take the command
+        return await run_confined(
+            command,
+            spec=self.spec,
+            workspace=self.workspace,
+            read_only_within=self.read_only_within,
+            timeout_s=timeout_s,
+            env=env,
+            hidden_within=self.hidden_within,
+        )
 
     async def aclose(self) -> None:
         """Kill the spare (if any): nothing of the shell outlives its workspace."""
