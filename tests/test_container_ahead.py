@@ -97,7 +97,8 @@ def test_unclaimed_containers_are_removed(repo: Path, sandbox_image: str) -> Non
             assert pool._task is not None
             await asyncio.wait({pool._task}, timeout=120)  # all three started
             assert pool.started.qsize() == 2
-            assert len(labelled(f"orch.owner_pid={os.getpid()}")) == 3
+            mine = labelled(f"orch.owner_pid={os.getpid()}")
+            assert len(mine) == 3 and sorted(labelled("orch.chain_id=chain-x")) == sorted(mine)
             if warm.server is not None:  # the claimer's to close
                 warm.server.close()
         return warm.container_id
@@ -108,3 +109,16 @@ def test_unclaimed_containers_are_removed(repo: Path, sandbox_image: str) -> Non
     finally:
         remove_container(claimed)
     assert pool_mod._AHEAD == {}
+
+
+def test_ahead_without_an_engine_is_a_no_op(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{repo}/no-such.sock")
+    spec = _spec(repo, "img", 0, 8)
+
+    async def body() -> None:
+        async with pool_mod.ahead(spec, 2) as pool:  # the reply's calls go on; children say why
+            assert pool.error is not None and "not reachable" in str(pool.error)
+            assert pool_mod._AHEAD == {}
+            assert await pool_mod.claim_warm(spec.sandbox, spec.chain_id) is None
+
+    asyncio.run(body())

@@ -31,6 +31,7 @@ from .channel import (
     Capture,
     Gone,
     Server,
+    cgroup_procs,
     kill_exec_group,
     kill_sessions,
     recv_exact,
@@ -148,6 +149,7 @@ class Sandbox:
         self._busy = False  # a call is in the server: the next one goes by an exec
         self._revive = False  # the server broke after it answered: start another one
         self._restarts = 2  # how many times
+        self._visible: bool | None = None  # see _seen
 
     def start_server(self) -> None:
         """Start the container's program server (:mod:`.inside.server`; a few ms, it greets
@@ -208,7 +210,7 @@ class Sandbox:
             self._revive, self._restarts = False, self._restarts - 1
             await asyncio.to_thread(self.start_server)
         server = self.server
-        if server is None or self._busy:
+        if server is None or self._busy or not self._seen():
             return None
         self._busy = True
         into = Capture(MAX_CAPTURE)
@@ -233,6 +235,13 @@ class Sandbox:
         if not into.heard:  # not a word back: by an exec of its own
             return None
         return 137, output + BROKE, into.dropped
+
+    def _seen(self) -> bool:
+        """The host sees the container's processes (its cgroup): it can stop a command of
+        the server (:func:`.channel.kill_sessions`). Else bash goes by execs."""
+        if self._visible is None:
+            self._visible = cgroup_procs(self.container_id) is not None
+        return self._visible
 
     async def _stop(self, server: Server, done: asyncio.Future[int]) -> None:
         """Kill a command of the server, as the host sees it (:func:`.channel.kill_sessions`);

@@ -127,12 +127,17 @@ class ContainerPool(Shielded):
     async def _open(self) -> None:
         if self.size <= 0:
             return  # pool_size 0: nothing to keep warm (and no engine needed)
-        self.uid, self.gid = engine.sandbox_user(self.cfg)
         if self.chain is not None:
-            self._client = await asyncio.to_thread(engine.docker_client)
+            try:  # a head start only: without it each child starts its own (or says why)
+                self.uid, self.gid = engine.sandbox_user(self.cfg)
+                self._client = await asyncio.to_thread(engine.docker_client)
+            except OrchError as e:
+                self.error = e
+                return
             _AHEAD.setdefault(self.chain, []).append(self)
             self._task = asyncio.create_task(self._start_all(), name="orch-containers-ahead")
             return
+        self.uid, self.gid = engine.sandbox_user(self.cfg)
         key = _pool_key(self.cfg)
         if key in _POOLS:
             raise UsageError(f"a container pool with these settings is already open ({self.repo})")
@@ -203,8 +208,7 @@ class ContainerPool(Shielded):
                     self.ready.append(warm)
             self._changed.set()
             if None in made:
-                await asyncio.sleep(5)  # the engine or the image may come back
-                continue
+                await asyncio.sleep(5)  # the engine or the image may come back (at a take)
             await self._wake.wait()
 
     async def _start_all(self) -> None:
@@ -234,7 +238,8 @@ class ContainerPool(Shielded):
         return warm
 
     def _make(self) -> Warm:
-        labels = {**engine.owner_labels(), "orch.pool": "true"}
+        chain_id = self.chain[1] if self.chain is not None else ""  # a chain's own: its id
+        labels = {**engine.owner_labels(chain_id=chain_id), "orch.pool": "true"}
         cid = engine.create_container(self._client, self.cfg, self.uid, self.gid, labels)
         try:
             engine.start_container(self._client, cid)
