@@ -79,10 +79,17 @@ def _spec(repo: Path, image: str, running: int, cap: int) -> WorkspaceSpec:
     return WorkspaceSpec(new_run_id(), "chain-x", "a", "d", repo, sandbox=sandbox, chain=chain)
 
 
-def test_ahead_stays_within_the_chains_cap(repo: Path) -> None:
+def test_ahead_stays_within_the_chains_cap(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert pool_mod.ahead(_spec(repo, "img", 1, 3), 5).size == 2
     assert pool_mod.ahead(_spec(repo, "img", 3, 3), 5).size == 0
     assert pool_mod.ahead(_spec(repo, "img", 0, 8), 2).size == 2
+    # an open pool's ready containers serve first: only the rest start ahead
+    spec = _spec(repo, "img", 0, 8)
+    general = pool_mod.ContainerPool(repo, spec.sandbox, size=2)
+    general.ready = [pool_mod.Warm("a"), pool_mod.Warm("b")]
+    monkeypatch.setitem(pool_mod._POOLS, pool_mod._pool_key(spec.sandbox), general)
+    assert pool_mod.ahead(spec, 5).size == 3
+    assert pool_mod.ahead(spec, 2).size == 0
 
 
 def test_unclaimed_containers_are_removed(repo: Path, sandbox_image: str) -> None:

@@ -81,10 +81,12 @@ async def claim_warm(cfg: SandboxSettings, chain_id: str = "") -> Warm | None:
 def ahead(spec: WorkspaceSpec, count: int) -> ContainerPool:
     """``async with`` around a reply's calls that start ``count`` container children of the
     chain of ``spec``: their containers start now (as many as ``sandbox.max_per_chain``
-    leaves the chain)."""
+    leaves the chain, less those the open pool has ready)."""
     key = (_pool_key(spec.sandbox), spec.chain_id)
     reserved = sum(p.size - p.claimed for p in _AHEAD.get(key, []))
     room = spec.sandbox.max_per_chain - spec.chain.containers - reserved
+    general = _POOLS.get(key[0])  # what it holds ready serves first
+    count -= len(general.ready) if general is not None else 0
     return ContainerPool(spec.base, spec.sandbox, size=max(0, min(count, room)), chain=key)
 
 
