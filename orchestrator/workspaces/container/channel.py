@@ -162,6 +162,15 @@ class Server:
                 raise Gone("a wrong greeting: not the program server")
             self.greeted = True
 
+    def ready(self) -> bool:
+        """Greeted (waiting up to ``GREET_TIMEOUT_S`` for it): False when it will not answer."""
+        with self.lock:
+            try:
+                self.greet(time.monotonic() + GREET_TIMEOUT_S)
+            except (Gone, OSError):
+                return False
+        return True
+
     def close(self) -> None:
         for close in (self.sock.close, self.wrapped.close):
             with contextlib.suppress(Exception):

@@ -212,6 +212,15 @@ class Sandbox:
         server = self.server
         if server is None or self._busy or not self._seen():
             return None
+        if not server.greeted:  # a new one: its start is not the command's time
+            self._busy = True
+            try:
+                greeted = await await_shielded(asyncio.to_thread(server.ready))
+            finally:
+                self._busy = False
+            if not greeted:
+                self._lose(server)
+                return None
         self._busy = True
         into = Capture(MAX_CAPTURE)
         done = _in_thread(server.session, argv, env, timeout_s + 2 * KILL_GRACE_S, into)
@@ -224,9 +233,11 @@ class Sandbox:
         finally:
             if not done.done():  # a timeout or a cancel: the command goes, with its group
                 await await_shielded(self._stop(server, done))
+                if not done.done() or done.exception() is not None:
+                    self._lose(server)
             self._busy = False
         output = b"".join(into.chunks).decode("utf-8", errors="replace")
-        if done.exception() is None:
+        if done.done() and done.exception() is None:
             return None if timed_out else done.result(), output, into.dropped
         await asyncio.to_thread(kill_sessions, self.container_id)
         self._lose(server)
