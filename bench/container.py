@@ -7,8 +7,9 @@ compared with the raw primitive measured in the same run, alternating which goes
   and the p99 of the orch samples against their p50 (goal ≤ 2×);
 - warm-pool claim: enter while a :class:`ContainerPool` holds a started container
   (goal ≤ 50 ms); raw is the cold enter of the same run, for scale;
-- bash round trip: ``exec("true")`` (exec create/start/stream/inspect + group kill) vs
-  ``docker exec CONTAINER true`` (CLI), goal ≤ 1.2×;
+- bash round trip: ``exec("true")`` (through the container's program server: a request,
+  ``true`` in a session of its own, its frames, the host's check that nothing of it runs
+  on) vs ``docker exec CONTAINER true`` (CLI), goal ≤ 10 ms (the CLI for scale);
 - close of a 100-file change: the work committed inside the container, exported as a
   bundle over docker exec, verified and unbundled into the repository and the branch
   moved (``ContainerWorkspace._settle``) vs ``git add -A && git commit`` of the same
@@ -195,7 +196,7 @@ async def _bench(repo: Path) -> list[dict[str, Any]]:
         _row(f"warm-pool claim (median of {CLAIMS}; raw column: cold)", k50, c50, "≤ 50 ms",
              k50 <= 50),
         _row(f"bash round trip `true` vs `docker exec` CLI (median of {EXECS})", e50, re50,
-             "≤ 1.2×", e50 <= 1.2 * re50),
+             "≤ 10 ms", e50 <= 10),
         _row(f"close of a 100-file change vs `git commit` in a worktree (median of {CLOSES})",
              x50, rx50, "≤ 2×", x50 <= 2 * rx50),
         _row(f"whole close incl. container removal (median of {CLOSES}; raw: the commit)",

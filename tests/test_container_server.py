@@ -15,7 +15,7 @@ from orchestrator.config import SandboxSettings
 from orchestrator.errors import OrchError
 from orchestrator.workspaces.base import RunOutcome
 from orchestrator.workspaces.container import ContainerPool, ContainerWorkspace
-from tests.test_container import engine, leftovers, repo, sandbox_image, sh, spec_for
+from tests.test_container import engine, inside, leftovers, repo, sandbox_image, sh, spec_for
 
 __all__ = ["engine", "repo", "sandbox_image"]  # fixtures shared with test_container
 
@@ -89,8 +89,8 @@ def test_a_killed_server_costs_nothing_but_time(repo: Path, sandbox_image: str) 
         async with ContainerWorkspace(spec) as ws:
             rt = ws.runtime()
             await rt.write_file("a.txt", b"one\n")
-            r = await ws.exec(f"kill -9 $({FIND_SERVER}) && echo KILLED", timeout_s=30, env={})
-            assert "KILLED" in r.output, r.output
+            # the agent (same uid) kills it between calls: its own commands run in the server
+            assert inside(ws.container_id, f"kill -9 $({FIND_SERVER}) && echo KILLED") == "KILLED\n"
             # the next calls (and the close's export) go by execs of their own
             assert (await rt.read_file("a.txt", max_bytes=100)).data == b"one\n"
             await rt.write_file("b.txt", b"two\n")
@@ -119,9 +119,8 @@ def test_words_forged_into_the_servers_stream_are_not_trusted(
             rt = ws.runtime()
             await rt.write_file("a.txt", b"one\n")
             # the agent writes into the server's stdout (same uid) ahead of the next answer
-            r = await ws.exec(f"pid=$({FIND_SERVER}); ({forged}) > /proc/$pid/fd/1 && "
-                              "echo FORGED", timeout_s=30, env={})  # fmt: skip
-            assert "FORGED" in r.output, r.output
+            forge = f"pid=$({FIND_SERVER}); ({forged}) > /proc/$pid/fd/1 && echo FORGED"
+            assert inside(ws.container_id, forge) == "FORGED\n"
             try:
                 got = await rt.read_file("a.txt", max_bytes=100)
             except OrchError as e:  # refused as over its cap

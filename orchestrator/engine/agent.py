@@ -12,8 +12,10 @@ one the Messages API accepts (see ``calls.CallLedger.turn``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,9 +162,12 @@ class AgentRun:
         max_turns: int,
         before_finish: Callable[[RunContext], Awaitable[bool]] | None = None,
         on_progress: Callable[[], None] | None = None,
+        ahead: Callable[[list[ToolCall]], AbstractAsyncContextManager[object]] | None = None,
     ) -> None:
         self.ctx = ctx
         self.on_progress = on_progress or (lambda: None)
+        # Around a reply's calls, seen before they run (containers for its children start).
+        self.ahead = ahead or (lambda _: contextlib.nullcontext())
         self.max_turns = max_turns
         # Returns True when the run must go on (e.g. background children delivered results).
         self.before_finish = before_finish
@@ -269,7 +274,8 @@ class AgentRun:
                 final = "".join(self.cut_parts) + response.text
                 self.cut_parts.clear()
                 return LoopOutcome(RunStatus.SUCCEEDED, final)
-            results = await asyncio.gather(*(self._call(c) for c in calls))
+            async with self.ahead(calls):
+                results = await asyncio.gather(*(self._call(c) for c in calls))
             self.messages.append({"role": "user", "content": list(results)})
             self._save()
 

@@ -12,13 +12,16 @@ of ending into a status and writes the ending with ``store.end``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from ..catalog.definitions import AgentDefinition, Catalog
+from ..catalog.guidance import resolve_agent
 from ..config import Settings
 from ..errors import OrchError
 from ..models import ModelProvider
@@ -28,7 +31,9 @@ from ..spec import RunSpec
 from ..store import RunStore
 from ..tools.base import ToolContext, ToolRegistry
 from ..workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
+from ..workspaces.registry import choose_tier, tier_config
 from .agent import AgentRun, LoopOutcome, RunContext
+from .calls import ToolCall
 from .delegation import ChildSpawner, Engine
 from .owner import me, this_node
 
@@ -181,6 +186,23 @@ class Execution:
             host_root=ws.root,
         )
 
+    def _ahead(self, calls: list[ToolCall]) -> AbstractAsyncContextManager[object]:
+        """A reply's foreground container children: their containers start now."""
+        count, ws = 0, self.live.workspace
+        for call in calls:
+            args = call.sent.get("input")
+            if call.sent.get("name") == "task" and isinstance(args, dict):
+                with contextlib.suppress(OrchError, TypeError):  # admission will say why
+                    asked = tier_config(args["isolation"]) if args.get("isolation") else None
+                    agent = resolve_agent(self.host.catalog, args.get("subagent_type"))
+                    tier = choose_tier(asked, agent.isolation, self.live.record.isolation)
+                    count += tier.type == "container" and not args.get("run_in_background")
+        if not count or ws is None:
+            return contextlib.nullcontext()
+        from ..workspaces.container.pool import ahead
+
+        return ahead(ws.spec, count)
+
     def _progressed(self) -> None:
         self.live.progress = time.monotonic()
 
@@ -192,6 +214,7 @@ class Execution:
             max_turns=plan.max_turns,
             before_finish=spawner.before_finish,
             on_progress=self._progressed,
+            ahead=self._ahead,
         )
         timeout_seconds = plan.timeout_seconds
         stall = asyncio.timeout(None)

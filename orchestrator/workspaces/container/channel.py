@@ -14,15 +14,17 @@ import contextlib
 import functools
 import json
 import os
+import secrets
 import signal
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 ERR_CAP = 64 * 1024
+FRAME_MAX = 1 << 20  # the server sends at most 64 KiB a frame: a longer one is a breach
 HELLO = "orch-boxserve/1"
 GREET_TIMEOUT_S = 10.0
 
@@ -61,6 +63,53 @@ def cgroup_procs(container_id: str) -> list[int] | None:
     return None
 
 
+@dataclass
+class Capture:
+    """A command's output as the host keeps it: up to ``keep`` bytes, the rest counted."""
+
+    keep: int
+    chunks: list[bytes] = field(default_factory=list)
+    kept: int = 0
+    dropped: int = 0
+    heard: bool = False  # any answer came: the command may have run
+
+    def add(self, data: bytes) -> None:
+        take = data[: max(0, self.keep - self.kept)]
+        if take:
+            self.chunks.append(take)
+            self.kept += len(take)
+        self.dropped += len(data) - len(take)
+
+
+def _ppid_sid(pid: int) -> tuple[int, int] | None:
+    """A host process's parent and session, as the host's ``/proc`` says."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return int(fields[1]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_sessions(container_id: str) -> int:
+    """SIGKILL every process of the container's cgroup in a session that a process of the
+    container started (the server's ``bash`` commands, and what they set up with
+    ``setsid``), or whose leader is gone; returns how many. Spared: sessions led by a
+    process started from outside (the init, the server, an exec and what it runs). Only
+    the host's view counts: the cgroup and ``/proc``."""
+    killed = 0
+    for _ in range(3):  # what forked meanwhile goes in the next round
+        seen = {pid: ps for pid in cgroup_procs(container_id) or [] if (ps := _ppid_sid(pid))}
+        victims = [pid for pid, (_, sid) in seen.items() if sid not in seen or seen[sid][0] in seen]
+        if not victims:
+            break
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+    return killed
+
+
 def kill_exec_group(pgid: int, container_id: str) -> None:
     """SIGKILL process group ``pgid`` (an exec's), only once a process of the container's own
     cgroup is seen in it: never a group of this pid namespace that merely has that number."""
@@ -91,6 +140,14 @@ class Server:
         self.buf = bytearray()
         self.lock = threading.Lock()
         self.greeted = False
+        self._pid = 0
+
+    def pid(self) -> int:
+        """The server exec's host pid, as dockerd says (0 when unknown)."""
+        if not self._pid:
+            with contextlib.suppress(Exception):
+                self._pid = int(self.api.exec_inspect(self.exec_id).get("Pid") or 0)
+        return self._pid
 
     def greet(self, deadline: float) -> None:
         """Read the server's greeting (once): Gone unless it is the one expected."""
@@ -104,6 +161,15 @@ class Server:
             if hello != HELLO:
                 raise Gone("a wrong greeting: not the program server")
             self.greeted = True
+
+    def ready(self) -> bool:
+        """Greeted (waiting up to ``GREET_TIMEOUT_S`` for it): False when it will not answer."""
+        with self.lock:
+            try:
+                self.greet(time.monotonic() + GREET_TIMEOUT_S)
+            except (Gone, OSError):
+                return False
+        return True
 
     def close(self) -> None:
         for close in (self.sock.close, self.wrapped.close):
@@ -175,15 +241,45 @@ class Server:
                 return CallResult(None, b"", b"", seen, timed_out=True)
             except (OSError, ValueError, struct.error) as e:
                 raise Gone(str(e)) from None
-        code, err = trailer.get("code"), trailer.get("err")
-        if not isinstance(code, int) or not isinstance(err, str):
+        code, err = (
+            (trailer.get("code"), trailer.get("err")) if isinstance(trailer, dict) else (0, 0)
+        )
+        if type(code) is not int or not isinstance(err, str):
             raise Gone("the server's answer is malformed")
         return CallResult(code, bytes(out), err.encode()[:ERR_CAP], seen)
 
+    def session(self, argv: list[str], env: dict[str, str], timeout_s: float, into: Capture) -> int:
+        """A ``bash`` command in a session of its own (:mod:`.inside.server`): its output
+        into ``into`` as it comes, its exit status returned; at its end, whatever the server
+        said, nothing of it runs on (:func:`kill_sessions`). Raises Gone (the server
+        ended, lied, or did not answer in ``timeout_s``: a backstop, the caller kills the
+        command at its own timeout)."""
+        deadline = time.monotonic() + timeout_s
+        nonce = secrets.token_hex(8)  # the trailer names it: an answer out of step is Gone
+        request = json.dumps({"argv": argv, "env": env, "stdin": 0, "session": nonce})
+        with self.lock:
+            try:
+                self.greet(deadline)
+                self.sock.settimeout(max(0.1, deadline - time.monotonic()))
+                self.sock.sendall(request.encode() + b"\n")
+                while n := struct.unpack(">I", self._take(4, deadline))[0]:
+                    into.heard = True
+                    if n > FRAME_MAX:
+                        raise Gone("a frame over its cap")
+                    into.add(self._take(n, deadline))
+                into.heard = True
+                trailer = json.loads(self._line(deadline))
+            except (OSError, ValueError, struct.error) as e:  # TimeoutError is an OSError
+                raise Gone(str(e)) from None
+            finally:  # whatever it said: nothing of the command outlives the call
+                kill_sessions(self.container_id)
+        code = trailer.get("code") if isinstance(trailer, dict) else None
+        if type(code) is not int or not 0 <= code <= 255 or trailer.get("id") != nonce:
+            raise Gone("the server's answer is malformed")
+        return code
+
     def kill(self) -> None:
-        with contextlib.suppress(Exception):
-            info = self.api.exec_inspect(self.exec_id)
-            kill_exec_group(int(info.get("Pid") or 0), self.container_id)
+        kill_exec_group(self.pid(), self.container_id)
         self.close()
 
 

@@ -25,10 +25,25 @@ from ...config import SandboxSettings
 from ...errors import OrchError
 from ..base import MAX_CAPTURE, ProcessResult
 from ..lifetime import await_shielded
-from .channel import ERR_CAP, CallResult, Gone, Server, kill_exec_group, recv_exact, start_server
+from .channel import (
+    ERR_CAP,
+    CallResult,
+    Capture,
+    Gone,
+    Server,
+    cgroup_procs,
+    kill_exec_group,
+    kill_sessions,
+    recv_exact,
+    start_server,
+)
 from .docker import WORKSPACE, docker_errors
 
 T = TypeVar("T")
+BROKE = (
+    "\n[the sandbox's program server broke during this command (killed, or something wrote "
+    "into its stream); the command was stopped]"
+)
 KILL_GRACE_S = 5.0
 
 
@@ -68,6 +83,32 @@ class _Pump:
             self.done.set_result(None)
 
 
+def _in_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """``fn(*args)`` in a thread of its own (a long command never holds an executor
+    worker); its result or exception on the returned future."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def body() -> None:
+        try:
+            result, error = fn(*args), None
+        except Exception as e:  # reported on the loop
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop may be closed already
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=body, name="orch-served", daemon=True).start()
+    return done
+
+
 def oom_kills(container_id: str) -> int | None:
     """The container's OOM-kill count from its memory cgroup (v1 or v2), None if unreadable."""
     cg = "/sys/fs/cgroup"
@@ -105,6 +146,10 @@ class Sandbox:
         self.client, self.container_id, self.cfg, self.user = client, container_id, cfg, user
         self.dead = ""  # why the container can run no more commands
         self.server: Server | None = None
+        self._busy = False  # a call is in the server: the next one goes by an exec
+        self._revive = False  # the server broke after it answered: start another one
+        self._restarts = 2  # how many times
+        self._visible: bool | None = None  # see _seen
 
     def start_server(self) -> None:
         """Start the container's program server (:mod:`.inside.server`; a few ms, it greets
@@ -128,24 +173,117 @@ class Sandbox:
     # -- bash ---------------------------------------------------------------------------
 
     async def run(self, command: str, timeout_s: float, env: Mapping[str, str]) -> ProcessResult:
+        """A ``bash`` command: through the program server when it is there and free (in a
+        session of its own, its group killed at its end, timeout or cancel), else by an
+        exec of its own (also when the server dies or lies meanwhile)."""
         if self.dead:
             raise OrchError(self.dead)
-        cid, api = self.container_id, self.client.api
+        cid = self.container_id
         extra = {
             k: v
             for k, v in env.items()
             if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")
         }
         oom_before = oom_kills(cid)
+        argv = [self.cfg.shell, "-c", command]
+        end = time.monotonic() + timeout_s
+        served = await self._served(argv, extra, timeout_s)
+        if served is None:
+            served = await self._exec(argv, extra, max(0.05, end - time.monotonic()))
+        code, output, dropped = served
+        if code == 137:
+            after = oom_kills(cid)
+            if after is not None and oom_before is not None and after > oom_before:
+                output += f"\n[killed: out of memory (sandbox mem_limit {self.cfg.mem_limit})]"
+        return ProcessResult(
+            exit_code=code, output=output, timed_out=code is None, truncated_bytes=dropped
+        )
+
+    async def _served(
+        self, argv: list[str], env: dict[str, str], timeout_s: float
+    ) -> tuple[int | None, str, int] | None:
+        """``(exit code or None when timed out, output, bytes dropped)`` of a command run
+        through the server; None when there is no free server, or it broke before a word of
+        its answer (then nothing of the command runs on: its sessions are killed). When it
+        broke later the command may have run: it is not run again (``BROKE``)."""
+        if self.server is None and self._revive and self._restarts > 0:
+            self._revive, self._restarts = False, self._restarts - 1
+            await asyncio.to_thread(self.start_server)
+        server = self.server
+        if server is None or self._busy or not self._seen():
+            return None
+        if not server.greeted:  # a new one: its start is not the command's time
+            self._busy = True
+            try:
+                greeted = await await_shielded(asyncio.to_thread(server.ready))
+            finally:
+                self._busy = False
+            if not greeted:
+                self._lose(server)
+                return None
+        self._busy = True
+        into = Capture(MAX_CAPTURE)
+        done = _in_thread(server.session, argv, env, timeout_s + 2 * KILL_GRACE_S, into)
+        timed_out = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait({done})
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if not done.done():  # a timeout or a cancel: the command goes, with its group
+                await await_shielded(self._stop(server, done))
+                if not done.done() or done.exception() is not None:
+                    self._lose(server)
+            self._busy = False
+        output = b"".join(into.chunks).decode("utf-8", errors="replace")
+        if done.done() and done.exception() is None:
+            return None if timed_out else done.result(), output, into.dropped
+        await asyncio.to_thread(kill_sessions, self.container_id)
+        self._lose(server)
+        if timed_out:
+            return None, output, into.dropped
+        if not into.heard:  # not a word back: by an exec of its own
+            return None
+        return 137, output + BROKE, into.dropped
+
+    def _seen(self) -> bool:
+        """The host sees the container's processes (its cgroup): it can stop a command of
+        the server (:func:`.channel.kill_sessions`). Else bash goes by execs."""
+        if self._visible is None:
+            self._visible = cgroup_procs(self.container_id) is not None
+        return self._visible
+
+    async def _stop(self, server: Server, done: asyncio.Future[int]) -> None:
+        """Kill a command of the server, as the host sees it (:func:`.channel.kill_sessions`);
+        if the server does not answer then, it goes too."""
+        await asyncio.to_thread(kill_sessions, self.container_id)
+        await asyncio.wait({done}, timeout=KILL_GRACE_S)
+        if not done.done():
+            self._lose(server)
+            await asyncio.wait({done}, timeout=KILL_GRACE_S)
+            await asyncio.to_thread(kill_sessions, self.container_id)
+
+    def _lose(self, server: Server) -> None:
+        """The server broke: killed (with what it runs); a new one if this one answered."""
+        if self.server is server:
+            self.server = None
+            self._revive = server.greeted
+        server.kill()
+
+    async def _exec(
+        self, argv: list[str], env: dict[str, str], timeout_s: float
+    ) -> tuple[int | None, str, int]:
+        cid, api = self.container_id, self.client.api
         made = await self._api(
             api.exec_create,
             cid,
-            [self.cfg.shell, "-c", command],
+            argv,
             stdout=True,
             stderr=True,
             workdir=WORKSPACE,
             user=self.user,
-            environment=extra,
+            environment=env,
         )
         pump = _Pump(api, str(made["Id"]), asyncio.get_running_loop())
         timed_out = False
@@ -159,14 +297,7 @@ class Sandbox:
         if pump.error is not None and not timed_out:
             raise self._dead_error(pump.error)
         output = b"".join(pump.chunks).decode("utf-8", errors="replace")
-        code = None if timed_out else info.get("ExitCode")
-        if code == 137:
-            after = oom_kills(cid)
-            if after is not None and oom_before is not None and after > oom_before:
-                output += f"\n[killed: out of memory (sandbox mem_limit {self.cfg.mem_limit})]"
-        return ProcessResult(
-            exit_code=code, output=output, timed_out=timed_out, truncated_bytes=pump.dropped
-        )
+        return None if timed_out else info.get("ExitCode"), output, pump.dropped
 
     def _dead_error(self, error: BaseException) -> OrchError:
         if self.dead:
@@ -218,8 +349,9 @@ class Sandbox:
         when it answers (no exec of its own), else as always."""
         if self.dead:
             raise OrchError(self.dead)
-        server = self.server if via_server else None
+        server = self.server if via_server and not self._busy else None
         if server is not None and isinstance(stdin, bytes):
+            self._busy = True
             try:
                 got = await await_shielded(
                     asyncio.to_thread(
@@ -233,14 +365,15 @@ class Sandbox:
                     )
                 )
                 if got.overflow or got.timed_out:
-                    self.server = None  # killed with its program: the next call by an exec
+                    self._lose(server)  # killed with its program: the next call by an exec
                 return got
             except Gone:  # killed, or lying: from the start, by an exec of its own
-                server.kill()
-                self.server = None
+                self._lose(server)
                 if out_file is not None:
                     out_file.seek(0)
                     out_file.truncate()
+            finally:
+                self._busy = False
         return await await_shielded(
             asyncio.to_thread(
                 self._call_sync, list(argv), stdin, out_cap, timeout_s, dict(env or {}), out_file

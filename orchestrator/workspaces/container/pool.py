@@ -10,6 +10,12 @@ opened while the pool is open claims one in milliseconds instead of starting one
 registers the container with its run. Unclaimed containers are removed when the pool
 closes; if orch dies they go at their TTL or with ``orch sandbox prune`` (their owner pid
 is dead). The engine helpers are in ``docker.py``.
+
+A fan-out seen coming: when a reply asks for N container children, :func:`ahead` opens a
+pool of this chain's own around the reply's calls and starts their containers at once, in
+parallel (within ``sandbox.max_per_chain``, counting what the chain runs); a child of the
+chain claims one (waiting for it if it is still starting) before any other. What is not
+claimed when the reply's calls end is removed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 from ...config import SandboxSettings
 from ...errors import OrchError, UsageError
+from ..base import WorkspaceSpec
 from ..lifetime import Shielded, await_shielded
 from . import docker as engine
 from .channel import Server, start_server
@@ -50,10 +57,37 @@ def _pool_key(cfg: SandboxSettings) -> str:
     return cfg.model_dump_json(exclude={"pool_size"})
 
 
-def claim_warm(cfg: SandboxSettings) -> Warm | None:
-    """A started container of an open pool with these settings, if one is ready."""
+_AHEAD: dict[tuple[str, str], list[ContainerPool]] = {}  # (settings, chain): its own pools
+CLAIM_WAIT_S = 120.0  # a claim waits this long at most for a container still starting
+
+
+async def claim_warm(cfg: SandboxSettings, chain_id: str = "") -> Warm | None:
+    """A started container for a run of ``chain_id``: one started for its chain's fan-out
+    (waited for while it starts), else one of an open pool with these settings if one is
+    ready, else None."""
+    for own in _AHEAD.get((_pool_key(cfg), chain_id), []):
+        if own.promised < own.size:
+            own.promised += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLAIM_WAIT_S):
+                    warm = await own.started.get()
+                    if warm is not None:
+                        own.claimed += 1
+                        return warm
     pool = _POOLS.get(_pool_key(cfg))
     return pool.take() if pool is not None else None
+
+
+def ahead(spec: WorkspaceSpec, count: int) -> ContainerPool:
+    """``async with`` around a reply's calls that start ``count`` container children of the
+    chain of ``spec``: their containers start now (as many as ``sandbox.max_per_chain``
+    leaves the chain, less those the open pool has ready)."""
+    key = (_pool_key(spec.sandbox), spec.chain_id)
+    reserved = sum(p.size - p.claimed for p in _AHEAD.get(key, []))
+    room = spec.sandbox.max_per_chain - spec.chain.containers - reserved
+    general = _POOLS.get(key[0])  # what it holds ready serves first
+    count -= len(general.ready) if general is not None else 0
+    return ContainerPool(spec.base, spec.sandbox, size=max(0, min(count, room)), chain=key)
 
 
 class ContainerPool(Shielded):
@@ -67,7 +101,12 @@ class ContainerPool(Shielded):
     """
 
     def __init__(
-        self, repo: Path, settings: SandboxSettings | None = None, *, size: int | None = None
+        self,
+        repo: Path,
+        settings: SandboxSettings | None = None,
+        *,
+        size: int | None = None,
+        chain: tuple[str, str] | None = None,
     ) -> None:
         self.repo = repo.resolve()
         self.cfg = settings or SandboxSettings()
@@ -81,10 +120,25 @@ class ContainerPool(Shielded):
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
         self._key: str | None = None
+        # a chain's own pool (``ahead``): started once, in parallel, into ``started``
+        self.chain = chain
+        self.started: asyncio.Queue[Warm | None] = asyncio.Queue()
+        self.promised = 0  # claims made of it (waiting, or served)
+        self.making = 0  # containers being made
 
     async def _open(self) -> None:
         if self.size <= 0:
             return  # pool_size 0: nothing to keep warm (and no engine needed)
+        if self.chain is not None:
+            try:  # a head start only: without it each child starts its own (or says why)
+                self.uid, self.gid = engine.sandbox_user(self.cfg)
+                self._client = await asyncio.to_thread(engine.docker_client)
+            except OrchError as e:
+                self.error = e
+                return
+            _AHEAD.setdefault(self.chain, []).append(self)
+            self._task = asyncio.create_task(self._start_all(), name="orch-containers-ahead")
+            return
         self.uid, self.gid = engine.sandbox_user(self.cfg)
         key = _pool_key(self.cfg)
         if key in _POOLS:
@@ -103,10 +157,19 @@ class ContainerPool(Shielded):
     async def _close(self) -> None:
         if self._key is not None:
             _POOLS.pop(self._key, None)
+        if self.chain is not None and self in _AHEAD.get(self.chain, []):
+            _AHEAD[self.chain].remove(self)
+            if not _AHEAD[self.chain]:
+                del _AHEAD[self.chain]
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        while not self.started.empty():  # started for a claim that never came
+            if (left := self.started.get_nowait()) is not None:
+                self.ready.append(left)
+        for _ in range(self.promised):  # a claim still waiting starts its own
+            self.started.put_nowait(None)
         warm, self.ready, self._stale = [*self.ready, *self._stale], [], []
         await asyncio.gather(*(asyncio.to_thread(self._discard, w) for w in warm))
         if self._client is not None:
@@ -139,35 +202,55 @@ class ContainerPool(Shielded):
         while True:
             self._wake.clear()
             stale, self._stale = self._stale, []
-            for warm in stale:
-                await asyncio.to_thread(self._discard, warm)
-            while len(self.ready) < self.size:
-                try:
-                    await await_shielded(self._make())  # never leave a half-made one behind
-                except OrchError as e:
-                    self.error = e
-                    self._changed.set()
-                    await asyncio.sleep(5)  # the engine or the image may come back
-                    break
+            await asyncio.gather(*(asyncio.to_thread(self._discard, w) for w in stale))
+            missing = self.size - len(self.ready)
+            made = await asyncio.gather(*(self._made() for _ in range(missing)))
+            for warm in made:
+                if warm is not None:
+                    self.ready.append(warm)
+            self._changed.set()
+            if None in made:
+                await asyncio.sleep(5)  # the engine or the image may come back (at a take)
             await self._wake.wait()
 
-    async def _make(self) -> None:
-        labels = {**engine.owner_labels(), "orch.pool": "true"}
-        cid = await asyncio.to_thread(
-            engine.create_container, self._client, self.cfg, self.uid, self.gid, labels
-        )
+    async def _start_all(self) -> None:
+        """A chain's own pool: its containers start at once, each to its claim as it is."""
+
+        async def one() -> None:
+            self.started.put_nowait(await self._made())
+
+        await asyncio.gather(*(one() for _ in range(self.size)))
+
+    async def _made(self) -> Warm | None:
+        """A container started (never a half-made one left behind), or None (``error``)."""
+        self.making += 1
+        making = asyncio.ensure_future(asyncio.to_thread(self._make))
         try:
-            await asyncio.to_thread(engine.start_container, self._client, cid)
+            warm = await await_shielded(making)
+        except OrchError as e:
+            self.error = e
+            return None
+        except asyncio.CancelledError:  # the pool closes: what was made meanwhile goes
+            if not making.cancelled() and making.exception() is None:
+                await await_shielded(asyncio.to_thread(self._discard, making.result()))
+            raise
+        finally:
+            self.making -= 1
+        self.error = None
+        return warm
+
+    def _make(self) -> Warm:
+        chain_id = self.chain[1] if self.chain is not None else ""  # a chain's own: its id
+        labels = {**engine.owner_labels(chain_id=chain_id), "orch.pool": "true"}
+        cid = engine.create_container(self._client, self.cfg, self.uid, self.gid, labels)
+        try:
+            engine.start_container(self._client, cid)
         except BaseException:
-            await asyncio.to_thread(self._discard, Warm(cid))
+            self._discard(Warm(cid))
             raise
         user = f"{self.uid}:{self.gid}"
-        server = await asyncio.to_thread(
-            start_server, self._client, cid, user, engine.WORKSPACE, wait=True
-        )
-        self.error = None
-        self.ready.append(Warm(cid, server=server, token=labels[engine.TOKEN]))
-        self._changed.set()
+        server = start_server(self._client, cid, user, engine.WORKSPACE, wait=True)
+        return Warm(cid, server=server, token=labels[engine.TOKEN])
 
     def _discard(self, warm: Warm) -> None:
         if warm.server is not None:

@@ -166,7 +166,7 @@ class ContainerWorkspace(Shielded):
         includes_task = asyncio.create_task(self._includes())
         try:
             self._client = await asyncio.to_thread(docker_client)
-            warm = claim_warm(self.cfg)
+            warm = await claim_warm(self.cfg, spec.chain_id)
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
                 ref = resource_ref(warm.container_id, {TOKEN: warm.token})
