@@ -18,7 +18,7 @@ from orchestrator.config import SandboxSettings
 from orchestrator.run import RunStatus, new_run_id
 from orchestrator.workspaces.base import WorkspaceSpec
 from orchestrator.workspaces.shared import SharedWorkspace
-from orchestrator.workspaces.spare import SPARE_AFTER_S, Shell
+from orchestrator.workspaces.spare import SPARE_AFTER_S, SPARE_FIRST_S, Shell
 from tests.support import harness, tool_results
 
 pytestmark = pytest.mark.bwrap
@@ -75,8 +75,11 @@ def _spare_now(shell: Shell, env: dict[str, str]) -> None:
 
 
 async def _ready(shell: Shell) -> int:
-    """The pid of the spare once made."""
-    assert shell._spare is not None
+    """The pid of the spare once made (asked for: it is made a moment later)."""
+    async with asyncio.timeout(5):
+        while shell._spare is None:  # noqa: ASYNC110 - the shell's timer makes it
+            assert shell._later is not None, "no spare asked for"
+            await asyncio.sleep(0.01)
     started = await asyncio.shield(shell._spare)
     return started.proc.pid
 
@@ -189,7 +192,9 @@ def test_no_spare_outlives_its_workspace(tmp_path: Path) -> None:
 
     async def body(ws: SharedWorkspace, sink: Sink) -> None:
         env = _env()
-        ws._shell.expect(env)  # the first request: a spare at once
+        ws._shell.expect(env)  # the first request: a spare soon after
+        await asyncio.sleep(SPARE_FIRST_S + 0.2)
+        await _ready(ws._shell)
         await ws.exec("true", timeout_s=10, env=env)
         assert ws._shell.spares_used == 1 and ws._shell._spare is None
         ws._shell.expect(env)  # a later request: one a moment later
@@ -223,7 +228,10 @@ def test_a_runs_first_command_runs_in_the_sandbox_made_at_its_start(tmp_path: Pa
         "conversations": [
             {
                 "turns": [
-                    {"tool_calls": [{"tool": "bash", "input": {"command": probe}}]},
+                    {  # the model thinks: meanwhile the sandbox is made
+                        "latency_s": 0.5,
+                        "tool_calls": [{"tool": "bash", "input": {"command": probe}}],
+                    },
                     {"tool_calls": [{"tool": "bash", "input": {"command": probe}}]},
                     {"text": "done"},
                 ]
@@ -248,7 +256,7 @@ def test_a_spare_killed_as_soon_as_it_is_made_never_hangs_the_close(tmp_path: Pa
             sink = Sink()
             async with asyncio.timeout(10):
                 async with SharedWorkspace(_spec(tmp_path, sink)) as ws:
-                    ws._shell.expect(_env())
+                    _spare_now(ws._shell, _env())
                     await asyncio.sleep(0)
             assert sink.held == set()
 

@@ -8,8 +8,9 @@ children calling ``bash`` at once wait ≈ 0.6 s for their sandboxes alone. So
 whose shell waits for one command on its stdin (``LOADER``), then becomes that command
 (``exec bash -c``), with stdin from ``/dev/null`` as a fresh call has. The engine says
 when the model is asked (``Runtime.expect``, for agents that have ``bash``): the first
-time one is made at once, later ``SPARE_AFTER_S`` after the request, so that a quick
-reply (a run's final answer most of all) costs no sandbox.
+time one is made ``SPARE_FIRST_S`` after the request (when a fan-out's children have all
+sent theirs), later ``SPARE_AFTER_S`` after it, so that a quick reply (a run's final
+answer most of all) costs no sandbox.
 
 Nothing is shared between two commands: a spare serves one command and is gone with it
 (its process group killed, its PID namespace with it); a spare made for another
@@ -41,6 +42,9 @@ from .host import confined, run_confined
 # reads one NUL-ended command from stdin, then becomes it, with stdin from /dev/null
 LOADER = 'IFS= read -r -d "" c || exit 126; exec bash -c "$c" </dev/null'
 SPARE_AFTER_S = 0.3  # after a request is sent: when the next sandbox is made
+# the first: at once, but after the loop's turn (a hundred children send their first
+# requests before their sandboxes are made)
+SPARE_FIRST_S = 0.05
 
 
 class Shell:
@@ -67,18 +71,16 @@ class Shell:
 
     def expect(self, env: Mapping[str, str]) -> None:
         """A command with ``env`` may come (the model is asked): make its sandbox, in the
-        background, at once the first time, ``SPARE_AFTER_S`` later after that (a reply
-        sooner than that, a run's final answer most of all, wastes none)."""
+        background, ``SPARE_FIRST_S`` later the first time, ``SPARE_AFTER_S`` after that (a
+        reply sooner than that, a run's final answer most of all, wastes none)."""
         if self._closed or self.spec.sandbox.os != "bwrap" or self._later is not None:
             return
         if self._spare is not None and self._spare_env == dict(env):
             return
-        if self._asked:
-            loop = asyncio.get_running_loop()
-            self._later = loop.call_later(SPARE_AFTER_S, self._make_spare, dict(env))
-        else:
-            self._asked = True
-            self._make_spare(dict(env))
+        delay = SPARE_AFTER_S if self._asked else SPARE_FIRST_S
+        self._asked = True
+        loop = asyncio.get_running_loop()
+        self._later = loop.call_later(delay, self._make_spare, dict(env))
 
     def _make_spare(self, env: dict[str, str]) -> None:
         self._later = None
