@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worktree import make_repo  # noqa: E402  (bench/ is on sys.path)
+from worktree import _raw, make_repo  # noqa: E402  (bench/ is on sys.path)
 
 from orchestrator.catalog.definitions import load_catalog  # noqa: E402
 from orchestrator.config import SandboxSettings, Settings  # noqa: E402
@@ -246,23 +246,17 @@ async def _raw_worktrees(root: Path, n: int) -> float:
     """The primitive under a worktree fan-out: ``n`` plain ``git worktree add --no-checkout``
     (git serialises them: run one after another) then their checkouts at once."""
 
-    async def git(*args: str, cwd: Path = root) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            "git", *args, cwd=cwd, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        if await proc.wait() != 0:
-            raise RuntimeError(f"git {' '.join(args)} failed")
-
     base = root / ".raw-wt"
     t0 = time.perf_counter()
     for i in range(n):
-        await git("worktree", "add", "-q", "--no-checkout", "-b", f"raw{i}", str(base / str(i)))
-    await asyncio.gather(*(git("reset", "-q", "--hard", cwd=base / str(i)) for i in range(n)))
+        await _raw(
+            root, "worktree", "add", "-q", "--no-checkout", "-b", f"raw{i}", str(base / str(i))
+        )
+    await asyncio.gather(*(_raw(base / str(i), "reset", "-q", "--hard") for i in range(n)))
     took = time.perf_counter() - t0
     for i in range(n):
-        await git("worktree", "remove", "--force", str(base / str(i)))
-        await git("branch", "-D", f"raw{i}")
+        await _raw(root, "worktree", "remove", "--force", str(base / str(i)))
+        await _raw(root, "branch", "-D", f"raw{i}")
     return took
 
 

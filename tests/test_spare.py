@@ -13,24 +13,19 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bwrap import profile as osbox
 from orchestrator.config import SandboxSettings
 from orchestrator.run import RunStatus, new_run_id
 from orchestrator.workspaces.base import WorkspaceSpec
 from orchestrator.workspaces.shared import SharedWorkspace
 from orchestrator.workspaces.spare import SPARE_AFTER_S, SPARE_FIRST_S, Shell
-from tests.support import harness, tool_results
+from tests.support import harness, need_bwrap, tool_results
 
 pytestmark = pytest.mark.bwrap
 
 
 @pytest.fixture(autouse=True)
-def need_bwrap() -> None:
-    reason = osbox.available()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"bubblewrap must work under CI: {reason}")
-        pytest.skip(f"bubblewrap cannot run here: {reason}")
+def bwrap_works() -> None:
+    need_bwrap()
 
 
 class Sink:

@@ -191,10 +191,10 @@ from orchestrator.cli.main import main
 go = Path(sys.argv[1])
 (go.parent / f"ready-{sys.argv[2]}").write_text("")
 deadline = time.monotonic() + 60
-while not go.exists():
-    if time.monotonic() > deadline:
-        sys.exit("the go file did not appear in 60 s")
+while not go.exists() and time.monotonic() < deadline:
     time.sleep(0.001)
+if not go.exists():
+    sys.exit("the go file did not appear in 60 s")
 sys.argv = ["orch", *sys.argv[3:]]
 main()
 """

@@ -1,6 +1,7 @@
 """The host tiers' execution: commands under the OS sandbox, files opened race-free.
 
-:func:`run_confined` runs a host-tier command under bubblewrap (``osbox``): the
+:func:`confined` wraps a host-tier command in bubblewrap (``osbox``; ``spare.Shell``
+runs it, in a sandbox made ahead where it can): the
 filesystem read-only but the workspace, ``.git`` read-only, a private ``/tmp``
 and ``/proc`` (orch's process is not visible), no network unless ``network =
 "host"``, a whitelisted environment (never an API key), secret paths and the
@@ -36,7 +37,7 @@ from ..bwrap.profile import (
     sandbox_env,
 )
 from ..fs.safefs import Beneath, UnsafePath
-from .base import FileRead, ProcessResult, WorkspaceSpec, run_process
+from .base import FileRead, ProcessResult, WorkspaceSpec
 from .hiding import hidden_reason
 from .saved import BwrapUsed
 
@@ -107,35 +108,6 @@ def confined(
         bwrap=cfg.bwrap,
     )
     return box.wrap(argv, workspace), box.env
-
-
-async def run_confined(
-    command: str,
-    *,
-    spec: WorkspaceSpec,
-    workspace: Path,
-    read_only_within: tuple[Path, ...],
-    timeout_s: float,
-    env: Mapping[str, str],
-    hidden_within: tuple[Path, ...] = (),
-) -> ProcessResult:
-    """``bash -c command`` in ``workspace`` under the run's OS sandbox (``confined``)."""
-    argv, process_env = confined(
-        ["bash", "-c", command],
-        spec=spec,
-        workspace=workspace,
-        read_only_within=read_only_within,
-        env=env,
-        hidden_within=hidden_within,
-    )
-    return await run_process(
-        argv,
-        cwd=workspace,
-        env=process_env,
-        timeout_s=timeout_s,
-        sink=spec.sink,
-        run_id=spec.run_id,
-    )
 
 
 class HostRuntime:

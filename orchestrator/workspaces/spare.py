@@ -37,7 +37,7 @@ from .base import (
     start_process,
     stop_process,
 )
-from .host import confined, run_confined
+from .host import confined
 
 # reads one NUL-ended command from stdin, then becomes it, with stdin from /dev/null
 LOADER = 'IFS= read -r -d "" c || exit 126; exec bash -c "$c" </dev/null'
@@ -107,15 +107,8 @@ class Shell:
                 self.spares_used += 1
                 return await finish_process(spare, timeout_s=timeout_s)
             await stop_process(spare)  # it died before it could take the command
-        return await run_confined(
-            command,
-            spec=self.spec,
-            workspace=self.workspace,
-            read_only_within=self.read_only_within,
-            timeout_s=timeout_s,
-            env=env,
-            hidden_within=self.hidden_within,
-        )
+        started = await self._start(["bash", "-c", command], dict(env))
+        return await finish_process(started, timeout_s=timeout_s)
 
     async def aclose(self) -> None:
         """Kill the spare (if any): nothing of the shell outlives its workspace."""
@@ -131,8 +124,12 @@ class Shell:
             await asyncio.wait(set(self._dropping))
 
     async def _make(self, env: dict[str, str]) -> Started:
+        return await self._start(["bash", "-c", LOADER], env, stdin=True)
+
+    async def _start(self, argv: list[str], env: dict[str, str], stdin: bool = False) -> Started:
+        """``argv`` started in the workspace under the run's OS sandbox (``host.confined``)."""
         argv, process_env = confined(
-            ["bash", "-c", LOADER],
+            argv,
             spec=self.spec,
             workspace=self.workspace,
             read_only_within=self.read_only_within,
@@ -145,7 +142,7 @@ class Shell:
             env=process_env,
             sink=self.spec.sink,
             run_id=self.spec.run_id,
-            stdin=True,
+            stdin=stdin,
         )
 
     async def _take(self, env: Mapping[str, str]) -> Started | None:
