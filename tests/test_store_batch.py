@@ -165,3 +165,21 @@ def test_close_writes_what_is_queued(tmp_path: Path) -> None:
     again = SqliteStore.for_project(tmp_path)
     assert [e["kind"] for e in again.events("r-c")] == ["last"]
     again.close()
+
+
+def test_a_broken_queued_write_never_fails_the_statement_that_writes_the_queue(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(unit: object) -> None:
+        raise RuntimeError("queued and broken")
+
+    async def turn() -> RunRecord:
+        store.add_event("r-6", "kept")
+        store._behind.add(broken)
+        return store.update_run("r-6", summary="mine")  # writes the queue first
+
+    with caplog.at_level(logging.WARNING, logger="orchestrator.store.batch"):
+        record = asyncio.run(turn())
+    assert record.summary == "mine"
+    assert [e["kind"] for e in store.events("r-6")] == ["kept"]
+    assert "queued and broken" in caplog.text

@@ -85,22 +85,18 @@ class WriteBehind:
             loop = None
         with self._lock:
             self._pending.append(step)
-            if loop is None:
+            if loop is None:  # written now, after what is queued; its failure is the caller's
+                self._pending.pop()
                 self.flush()
+                self._apply([step])
             elif not self._scheduled:
                 self._scheduled = True
-                loop.call_soon(self._flush_queued)
+                loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Write what is queued, in one transaction; a failure is raised to the caller."""
-        with self._lock:
-            steps, self._pending = self._pending, []
-            self._scheduled = False
-            if steps:
-                self._apply(steps)
-
-    def _flush_queued(self) -> None:
-        """The loop's turn ended: write the queue; what fails is tried step by step."""
+        """Write what is queued, in one transaction (at the loop turn's end, or before any
+        other statement of the store); what fails is tried step by step, and a step that
+        fails alone is logged and dropped: progress never fails a caller's own statement."""
         with self._lock:
             steps, self._pending = self._pending, []
             self._scheduled = False
@@ -112,7 +108,7 @@ class WriteBehind:
                 for step in steps:
                     try:
                         self._apply([step])
-                    except Exception as e:  # progress only: said, not raised into the loop
+                    except Exception as e:  # progress only: said, not raised
                         log.warning("orch: a progress write was dropped: %s", e)
 
     def _apply(self, steps: list[Step]) -> None:
