@@ -252,3 +252,27 @@ def test_a_nodes_cache_checks_bundles_and_keeps_repositories_apart(tmp_path: Pat
     assert git_out(run, "rev-parse", "HEAD") == b_head
     for sha in (a_first, a_head):  # nothing of repository a reached b's run
         assert subprocess.run(["git", "cat-file", "-e", sha], cwd=run).returncode != 0
+
+
+@pytest.mark.parametrize(
+    "answer", [["has", True], {"has": True}, {"has": "yes", "tips": "abc"}, None, "x" * 10]
+)
+def test_a_nodes_malformed_answer_on_its_cache_is_a_clean_error(answer: Any) -> None:
+    """What a node says its cache holds is data: anything but ``{"has": bool, "tips":
+    [...]}`` is one clear error, never a KeyError or a bundle chosen from it."""
+    from orchestrator.errors import OrchError
+    from orchestrator.process.cluster.driver import RayExecutor
+
+    class Have:
+        @staticmethod
+        async def remote(*_: Any) -> Any:
+            return answer
+
+    class Actor:
+        have = Have()
+
+    executor = object.__new__(RayExecutor)
+    executor._known = set()
+    executor._secrets = {}
+    with pytest.raises(OrchError, match="malformed"):
+        asyncio.run(executor._bundle_for(Actor(), "n1", None, "a" * 40, "k"))  # type: ignore[arg-type]

@@ -58,6 +58,8 @@ from .node import NodeResult, NodeTask
 from .place import Placement, identity
 from .warm import thin_bundle
 
+HAVE_TIMEOUT_S = 60.0  # a node's warm orch saying which commits its cache holds
+
 if TYPE_CHECKING:
     from ...config import RaySettings
     from ...engine.runner import Runner
@@ -237,8 +239,16 @@ class RayExecutor:
         what it holds, or (a first run there) its whole history; an ObjectRef."""
         if (node, key, start) in self._known:
             return None
-        have = await actor.have.remote(self._secrets, key, start)
-        if have["has"]:
+        try:  # a node's answer is data: bounded in time, its shape checked
+            have = await asyncio.wait_for(
+                actor.have.remote(self._secrets, key, start), HAVE_TIMEOUT_S
+            )
+        except TimeoutError:
+            why = f"node {node} did not say what it holds in {HAVE_TIMEOUT_S:.0f} s"
+            raise OrchError(why) from None
+        if not isinstance(have, dict) or not isinstance(have.get("tips"), list):
+            raise OrchError(f"node {node} answered what it holds with something malformed")
+        if have.get("has") is True:
             self._known.add((node, key, start))
             return None
         tips = [t for t in have["tips"] if isinstance(t, str) and _SHA.match(t)]

@@ -13,6 +13,7 @@ run goes to the warm orch of the node its group landed on, made there the first 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import hashlib
 import json
@@ -86,8 +87,9 @@ class Placement:
             await group.ready()
             table = await asyncio.to_thread(placement_group_table, group)
             yield str(table["bundles_to_node_id"][0]), group.id.hex()
-        finally:
-            remove_placement_group(group)
+        finally:  # off the loop; a failure here must not hide the block's own
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.to_thread(remove_placement_group, group))
 
     async def actor(self, node: str) -> Any:
         """The warm orch of ``node`` for this identity (made there the first time)."""

@@ -80,7 +80,7 @@ class BundleCache:
         """Verify ``bundle`` against the cache and add its objects; it must hold ``start``
         as ``ref``. Returns how many commits of the cache it built on (0: a whole history)."""
         if not self.made:
-            self.path.mkdir(mode=0o700)
+            self.path.mkdir(mode=0o700, exist_ok=True)  # a first take that failed made it
             await git("init", "-q", "--bare", repo=self.repo, cwd=self.path)
             self.made = True
         file = self.path / "in.bundle"
