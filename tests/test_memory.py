@@ -189,3 +189,42 @@ def test_a_container_run_gets_the_host_memory_and_its_tier_facts(repo: Path) -> 
     branch = root.workspace["branch"]
     assert f"A Docker container: /workspace is its own git repository on branch {branch}" in system
     assert "- Network: none (package installs fail)." in system
+
+
+def test_children_read_the_files_anew_but_find_the_repository_once(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fan-out asks git where the checkout is once per directory (not once a child),
+    while each child reads the files as they are when it starts: an edit made by an
+    earlier child reaches a later one."""
+    import orchestrator.engine.runner as runner_module
+
+    searched: list[Path] = []
+    search = runner_module.memory_source
+
+    def counted(start: Path, *args: Any) -> Any:
+        searched.append(start)
+        return search(start, *args)
+
+    monkeypatch.setattr(runner_module, "memory_source", counted)
+    edit = {"tool": "bash", "input": {"command": "echo EDITED-BY-FIRST-4410 > CLAUDE.md"}}
+    script = {"conversations": [
+        {"depth": 0, "turns": [
+            {"tool_calls": [task_call("first", description="a")]},
+            {"tool_calls": [task_call(f"later {i}", description=f"b{i}") for i in range(4)]},
+            {"text": "ok"}]},
+        {"depth": 1, "prompt": "first", "turns": [{"tool_calls": [edit]}, {"text": "edited"}]},
+        {"depth": 1, "prompt": "later", "runs": 4, "turns": [{"text": "read"}]},
+    ]}  # fmt: skip
+    h = harness(repo, script)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    assert searched == [repo.resolve()]  # the root and its five children: one search
+    kids = h.store.children(root.run_id)
+    assert len(kids) == 5
+    first = next(k for k in kids if k.prompt == "first")
+    assert CLAUDE in h.requests_of(first.run_id)[0].system
+    for kid in kids:
+        if kid is not first:
+            system = h.requests_of(kid.run_id)[0].system
+            assert "EDITED-BY-FIRST-4410" in system and CLAUDE not in system

@@ -399,6 +399,8 @@ def test_the_protocol_is_exactly_what_the_engine_and_cli_use() -> None:
 
 def test_package_exports() -> None:
     assert sorted(orchestrator.store.__all__) == [
+        "ChainFull",
+        "ChainRoom",
         "ChainUsage",
         "RunStore",
         "SqliteStore",
@@ -455,3 +457,46 @@ def test_the_switch_to_wal_is_tried_again_while_another_open_holds_it() -> None:
     with pytest.raises(sqlite3.OperationalError, match="disk"):
         _wal(other, timeout_s=5)  # type: ignore[arg-type]  # other errors: at once
     assert other.calls == 1
+
+
+def test_a_chains_last_places_are_taken_once(store: RunStore) -> None:
+    """``create_run`` with room counts the chain and inserts in one transaction: writers
+    on many connections at once never store more runs than the room."""
+    import threading
+
+    from orchestrator.store import ChainFull, ChainRoom
+
+    where, room = _where(store), ChainRoom(runs=12)
+    start = threading.Barrier(4)
+    stored: list[bool] = []
+
+    def writer(i: int) -> None:
+        mine = _open(where)
+        try:
+            start.wait()
+            for j in range(6):
+                try:
+                    mine.create_run(RunRecord(run_id=f"r-{i}-{j}", chain_id="c-room"), room=room)
+                    stored.append(True)
+                except ChainFull as full:
+                    assert full.used.runs >= room.runs and full.room == room
+                    stored.append(False)
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(stored) == 24 and stored.count(True) == 12
+    assert store.chain_usage("c-room").runs == 12
+
+    spent = RunRecord(run_id="r-t", chain_id="c-tokens", usage=Usage(input_tokens=10))
+    store.create_run(spent)
+    with pytest.raises(ChainFull):
+        store.create_run(
+            RunRecord(run_id="r-t2", chain_id="c-tokens"), room=ChainRoom(runs=9, tokens=10)
+        )
+    store.create_run(RunRecord(run_id="r-t3", chain_id="c-tokens"), room=ChainRoom(9, 11))
+    assert store.chain_usage("c-tokens").runs == 2

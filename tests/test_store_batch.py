@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import NotFound
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import SqliteStore
 from orchestrator.store.sql import Query
@@ -183,3 +184,34 @@ def test_a_broken_queued_write_never_fails_the_statement_that_writes_the_queue(
     assert record.summary == "mine"
     assert [e["kind"] for e in store.events("r-6")] == ["kept"]
     assert "queued and broken" in caplog.text
+
+
+def test_a_write_takes_the_queue_into_its_own_commit(store: SqliteStore) -> None:
+    made = _counting(store)
+
+    async def turn() -> tuple[int, RunRecord]:
+        store.add_event("r-7", "tool_call")
+        store.note_activity("r-7", "bash", "queued")
+        before = made[0]
+        record = store.update_run("r-7", summary="mine")
+        return made[0] - before, record
+
+    count, record = asyncio.run(turn())
+    assert count == 1  # the queue and the update: one transaction
+    assert record.last_activity is not None and record.last_activity.summary == "queued"
+    assert record.summary == "mine"
+    assert [e["kind"] for e in store.events("r-7")] == ["tool_call"]
+
+
+def test_a_failing_write_rolls_back_only_itself(store: SqliteStore) -> None:
+    async def turn() -> None:
+        store.add_event("r-8", "tool_call")
+        store.note_activity("r-8", "bash", "kept")
+        with pytest.raises(NotFound):
+            store.update_run("r-none", summary="refused")  # its transaction rolls back
+
+    asyncio.run(turn())
+    assert [e["kind"] for e in store.events("r-8")] == ["tool_call"]
+    record = store.require_run("r-8")
+    assert record.last_activity is not None and record.last_activity.summary == "kept"
+    assert store.get_run("r-none") is None

@@ -296,3 +296,49 @@ def test_only_progress_writes_commit_asynchronously(pg_url: str) -> None:
         assert store.list_raw()[0]["heartbeat_at"] is not None
     finally:
         store.close()
+
+
+def test_progress_in_a_writes_transaction_commits_as_that_write(pg_url: str) -> None:
+    """Queued progress that a strict write takes into its own transaction is written
+    there without the asynchronous commit: the write stays as durable as it was."""
+    import asyncio
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from orchestrator.store.postgres import ASYNC_COMMIT
+
+    store = PostgresStore(pg_url)
+    try:
+        store.create_run(RunRecord(run_id="r-1", chain_id="c"))
+        said: list[list[str]] = []
+        transaction = store.dialect.transaction
+
+        @contextmanager
+        def spied() -> Iterator[Any]:
+            sql: list[str] = []
+            said.append(sql)
+            with transaction() as q:
+                yield lambda text, args: (sql.append(text), q(text, args))[1]
+
+        store.dialect.transaction = spied  # type: ignore[method-assign]
+        store._behind._transaction = spied
+
+        async def turn() -> RunRecord:
+            store.add_event("r-1", "tool_call")
+            store.note_activity("r-1", "bash", "ls")
+            return store.update_run("r-1", summary="mine")  # takes the queue in
+
+        record = asyncio.run(turn())
+        assert record.summary == "mine" and record.last_activity is not None
+        assert len(said) == 1 and not any(ASYNC_COMMIT in s for s in said[0])
+        assert any("INSERT INTO events" in s for s in said[0])
+
+        async def progress_only() -> None:
+            store.add_event("r-1", "tool_result")
+            await asyncio.sleep(0)
+
+        asyncio.run(progress_only())
+        assert len(said) == 2 and ASYNC_COMMIT in said[1][0]  # its own: asynchronous
+        assert [e["kind"] for e in store.events("r-1")] == ["tool_call", "tool_result"]
+    finally:
+        store.close()

@@ -21,7 +21,7 @@ from ..models import ModelProvider
 from ..policy.checks import child_tools
 from ..run import RunRecord, first_line, new_chain_id, new_run_id
 from ..spec import Budgets, Launch, RunPlan, RunSpec
-from ..store import RunStore
+from ..store import ChainFull, ChainRoom, RunStore
 from ..tools.base import ToolRegistry
 from ..workspaces.registry import choose_tier, saved_state, tier_config
 from ..workspaces.saved import BranchState
@@ -100,7 +100,7 @@ class Admission:
                     )
             allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
             model = self.models.resolve(spec.model or definition.model or parent.model or None)
-        budgets = self.budgets(parent or resumed, chain_id)
+        budgets = self.budgets(parent or resumed)
         tier = choose_tier(
             spec.workspace, definition.isolation, parent.isolation if parent else None
         )
@@ -193,27 +193,36 @@ class Admission:
             }
         )
 
-    def budgets(self, parent: RunRecord | None, chain_id: str) -> Budgets:
-        """The chain's budgets (set by its root, kept by every run of it); a new child
-        (or a resumed root) past the total runs or tokens is refused, naming the budget."""
+    def budgets(self, parent: RunRecord | None) -> Budgets:
+        """The chain's budgets: set by its root, kept by every run of it."""
         s = self.settings
         mine = Budgets(
             running=s.max_chain_running, runs=s.max_chain_runs, tokens=s.max_chain_tokens
         )
         if parent is None:
             return mine
-        budgets = (parent.plan.budgets if parent.plan else None) or mine
-        used = self.store.chain_usage(chain_id, tokens=budgets.tokens is not None)
-        if used.runs >= budgets.runs:
-            raise OrchError(
-                f"chain budget max_chain_runs ({budgets.runs}) is used up: this chain has "
+        return (parent.plan.budgets if parent.plan else None) or mine
+
+    def room(self, record: RunRecord) -> ChainRoom | None:
+        """What the chain must still have for ``record`` (a child, or a resumed root): the
+        store checks it in the transaction that stores the run. A new root: nothing."""
+        if record.parent_run_id is None and record.resumed_from is None:
+            return None
+        budgets = record.planned().budgets or self.budgets(None)
+        return ChainRoom(runs=budgets.runs, tokens=budgets.tokens)
+
+    @staticmethod
+    def refusal(full: ChainFull) -> OrchError:
+        """The refusal of a run its chain had no room for, naming the budget."""
+        used, room = full.used, full.room
+        if used.runs >= room.runs:
+            return OrchError(
+                f"chain budget max_chain_runs ({room.runs}) is used up: this chain has "
                 f"{used.runs} runs; finish with what you have"
             )
-        if budgets.tokens is not None and used.tokens >= budgets.tokens:
-            raise OrchError(
-                f"chain budget max_chain_tokens ({budgets.tokens:,}) is used up: this chain "
-                f"has used {used.tokens:,} tokens; finish with what you have (more needs a "
-                "higher max_chain_tokens in ~/.orch/config.toml, or in orch.toml and then "
-                "`orch trust`)"
-            )
-        return budgets
+        return OrchError(
+            f"chain budget max_chain_tokens ({room.tokens or 0:,}) is used up: this chain "
+            f"has used {used.tokens:,} tokens; finish with what you have (more needs a "
+            "higher max_chain_tokens in ~/.orch/config.toml, or in orch.toml and then "
+            "`orch trust`)"
+        )

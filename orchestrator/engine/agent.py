@@ -40,7 +40,7 @@ from .calls import (
     shown_name,
     summarize_input,
 )
-from .memory import load_memory
+from .memory import MemorySource, load_memory, memory_source
 
 if TYPE_CHECKING:
     from ..catalog.definitions import AgentDefinition, Catalog
@@ -67,6 +67,9 @@ class RunContext:
     # Where hooks run on the host: the workspace's host directory (for a container, the
     # user's checkout: a hook never runs in a tree a sandbox writes). None: ``root``.
     host_root: Path | None = None
+    # Where the run's memory files come from, found once for the directory it was spawned
+    # from (``Runner.memory``). None: found from ``hook_cwd``.
+    memory: MemorySource | None = None
 
     @property
     def run_id(self) -> str:
@@ -218,7 +221,10 @@ class AgentRun:
         if ctx.settings.project_memory:
             hidden = ctx.settings.sandbox.hidden
             stores = [str(p) for p in ctx.store.paths()]
-            memory = await asyncio.to_thread(load_memory, ctx.hook_cwd, hidden, stores)
+            source = ctx.memory
+            if source is None:
+                source = await asyncio.to_thread(memory_source, ctx.hook_cwd, hidden, stores)
+            memory = await asyncio.to_thread(load_memory, source)
         system = self.system_prompt(memory)
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start

@@ -35,6 +35,7 @@ from ..workspaces.registry import choose_tier, tier_config
 from .agent import AgentRun, LoopOutcome, RunContext
 from .calls import ToolCall
 from .delegation import ChildSpawner, Engine
+from .memory import MemorySource
 from .owner import me, this_node
 
 Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
@@ -74,6 +75,8 @@ class Host(Engine, Protocol):
 
     def store_paths(self, workdir: Path) -> list[str]: ...
 
+    async def memory(self, workdir: Path) -> MemorySource: ...
+
 
 class Execution:
     def __init__(
@@ -102,14 +105,14 @@ class Execution:
             spec = spec.model_copy(update={"workdir": self.live.here})
         assert spec.workspace is not None  # admission resolved it
         pid, pid_start = me()
-        store.patch_run(
-            record.run_id,
-            status=RunStatus.RUNNING,
-            started_at=now(),
-            pid=pid,
-            pid_start=pid_start,
-            node=this_node(),
-        )
+        started = {
+            "status": RunStatus.RUNNING,
+            "started_at": now(),
+            "pid": pid,
+            "pid_start": pid_start,
+            "node": this_node(),
+        }
+        store.patch_run(record.run_id, **started)
         store.add_event(record.run_id, "run_started", record.started_event())
         wspec = WorkspaceSpec.for_run(
             self.settings,
@@ -128,11 +131,15 @@ class Execution:
             workspace = self.host.provision(spec.workspace, wspec)
             self.live.workspace = workspace
             async with workspace as ws:
-                record = store.update_run(record.run_id, workspace=ws.info())
+                info = ws.info()  # progress, as the start: the run's own copy says the same
+                store.patch_run(record.run_id, workspace=info)
+                record = record.model_copy(update={**started, "workspace": info})
                 notifications: list[str] = []
                 evidence = record.evidence.model_copy()
                 spawner = ChildSpawner(self.host, record, ws.root, notifications, evidence)
                 ctx = self._context(record, ws, spawner, notifications)
+                if self.settings.project_memory:
+                    ctx.memory = await self.host.memory(spec.workdir)
                 try:
                     outcome = await self._guarded(ctx, spawner)
                 except asyncio.CancelledError:

@@ -105,18 +105,36 @@ def _user_file(home: Path) -> tuple[bytes, int] | None:
         os.close(fd)
 
 
-def read_memory(
-    root: Path, home: Path | None, hidden: Sequence[str] = (), never: Sequence[str] = ()
-) -> list[MemoryFile]:
-    """The memory files of project ``root`` and the user's (``home``), uncut; none that
-    is (or links to) a path of ``sandbox.hidden``, the state directory or a ``never`` path
-    (absolute: the run's store files)."""
+@dataclass(frozen=True)
+class MemorySource:
+    """Where a run's memory files come from, found once for the directory runs are spawned
+    from (:func:`memory_source`); the files themselves are read anew by each run."""
+
+    root: Path  # the main checkout of the repository (else the directory itself)
+    hidden: tuple[str, ...]  # root-relative paths no memory file may be or lead to
+    never: tuple[str, ...]  # absolute real paths no memory file may be or lead to (a store)
+
+
+def memory_source(
+    start: Path, hidden: Sequence[str] = (), never: Sequence[str] = ()
+) -> MemorySource:
+    """The memory source of runs whose host directory is ``start`` (blocking: one ``git``);
+    ``hidden``: ``sandbox.hidden``; ``never``: the store's files."""
+    root = project_root_of(start)
+    return MemorySource(
+        root=root,
+        hidden=hidden_within([root], hidden, os.environ.get("ORCH_HOME")),
+        never=tuple(os.path.realpath(os.path.expanduser(p)) for p in never),
+    )
+
+
+def read_memory(source: MemorySource, home: Path | None) -> list[MemoryFile]:
+    """The memory files of the project and the user's (``home``), uncut; none that is (or
+    links to) a hidden path, the state directory or a store file."""
     found: list[MemoryFile] = []
     seen: dict[str, bytes] = {}
-    rels = hidden_within([root], hidden, os.environ.get("ORCH_HOME"))
-    refused = [os.path.realpath(os.path.expanduser(p)) for p in never]
     for name in REPO_FILES:
-        got = _repo_file(root, name, rels, refused)
+        got = _repo_file(source.root, name, source.hidden, source.never)
         if got is None:
             continue
         data, size, real = got
@@ -155,8 +173,7 @@ def memory_section(files: list[MemoryFile]) -> str:
     return HEADER + "\n" + "\n".join(parts) if parts else ""
 
 
-def load_memory(start: Path, hidden: Sequence[str] = (), never: Sequence[str] = ()) -> str:
-    """The memory section for a run whose host directory is ``start`` (blocking);
-    ``hidden``: the run's ``sandbox.hidden``; ``never``: its store's files."""
+def load_memory(source: MemorySource) -> str:
+    """The memory section of a run whose files come from ``source`` (blocking)."""
     home = Path(h) if (h := os.environ.get("HOME")) else None
-    return memory_section(read_memory(project_root_of(start), home, hidden, never))
+    return memory_section(read_memory(source, home))

@@ -40,7 +40,7 @@ from ..policy.checks import scrubbed_env
 from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..spec import Launch, RunSpec
-from ..store import RunStore, store_paths
+from ..store import ChainFull, RunStore, store_paths
 from ..tools import builtin_tools
 from ..tools.base import Tool, ToolRegistry
 from ..tools.delegate import delegation_tools
@@ -49,6 +49,7 @@ from .agent import LoopOutcome
 from .delegation import Executor, RunHandle, spawned_event
 from .execution import Execution, LiveRun, Provision
 from .gate import Places
+from .memory import MemorySource, memory_source
 from .owner import supervised
 
 
@@ -92,6 +93,7 @@ class Runner:
         self._env: dict[str, str] | None = None
         self._state_dir: Path | None = None
         self._store_paths: dict[Path, list[str]] = {}
+        self._memory: dict[Path, asyncio.Future[MemorySource]] = {}
         self.rules = Admission(settings, store, catalog, models, self.tools)
 
     @property
@@ -195,7 +197,10 @@ class Runner:
         record, resolved = self.rules.admit(
             spec, driver.definition if driver else None, parent, launch=self.launch
         )
-        self.store.create_run(record)
+        try:  # the chain's budgets are checked in the transaction that stores it
+            self.store.create_run(record, room=self.rules.room(record))
+        except ChainFull as full:
+            raise self.rules.refusal(full) from None
         self.live[record.run_id] = LiveRun(record, resolved)
         if parent is not None:
             self.store.add_event(parent.run_id, "child_spawned", spawned_event(record))
@@ -232,6 +237,18 @@ class Runner:
         if (found := self._store_paths.get(workdir)) is None:
             found = self._store_paths[workdir] = store_paths(self.store, workdir)
         return found
+
+    async def memory(self, workdir: Path) -> MemorySource:
+        """Where the memory files (CLAUDE.md, AGENTS.md) of a run spawned from ``workdir``
+        come from, found once per workdir (one ``git rev-parse`` and the hidden paths, in a
+        thread): a hundred children of one directory search once, and what an agent later
+        plants there (a ``.git`` file) cannot move it."""
+        if (found := self._memory.get(workdir)) is None:  # one search, many waiters
+            stores = [str(p) for p in self.store.paths()]
+            hidden = self.settings.sandbox.hidden
+            search = asyncio.to_thread(memory_source, workdir, hidden, stores)
+            found = self._memory[workdir] = asyncio.ensure_future(search)
+        return await asyncio.shield(found)
 
     async def _execute(self, live: LiveRun, driver: Driver | None) -> RunRecord:
         record = live.record

@@ -22,10 +22,12 @@ from typing import cast
 from ..errors import OrchError, UsageError
 from ..project.paths import project_root
 from ..storeurl import SCHEMES, backend, local_paths
-from .base import ChainUsage, RunStore, StoreError, state_dir
+from .base import ChainFull, ChainRoom, ChainUsage, RunStore, StoreError, state_dir
 from .sqlite import SqliteStore
 
 __all__ = [
+    "ChainFull",
+    "ChainRoom",
     "ChainUsage",
     "RunStore",
     "SqliteStore",

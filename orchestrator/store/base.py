@@ -95,6 +95,24 @@ class ChainUsage:
     tokens: int  # input + output tokens of all its runs
 
 
+@dataclass(frozen=True)
+class ChainRoom:
+    """What a chain must still have for one more run: checked by ``create_run`` in the
+    transaction that stores the run, so two spawners cannot both take the last place."""
+
+    runs: int  # the chain's runs, ended ones included, must be fewer than this
+    tokens: int | None = None  # and its tokens fewer than this (None: no token budget)
+
+
+class ChainFull(Exception):
+    """``create_run`` stored nothing: the chain had no room (what it used, what it had)."""
+
+    def __init__(self, used: ChainUsage, room: ChainRoom) -> None:
+        super().__init__(f"chain full: {used} against {room}")
+        self.used = used
+        self.room = room
+
+
 def _one_line(error: BaseException) -> str:
     text = " ".join(f"{type(error).__name__}: {error}".split())
     return clean_text(text)[:MAX_REASON]
@@ -165,8 +183,9 @@ class RunStore(ResourceSink, Endings, Protocol):
         ...
 
     # -- runs -----------------------------------------------------------------
-    def create_run(self, record: RunRecord) -> None:
-        """Insert a new run (its run_id not yet in the store), one transaction."""
+    def create_run(self, record: RunRecord, *, room: ChainRoom | None = None) -> None:
+        """Insert a new run (its run_id not yet in the store), one transaction; with
+        ``room``, only if its chain has that room then (else :class:`ChainFull`)."""
         ...
 
     def get_run(self, run_id: str) -> RunRecord | None:

@@ -9,7 +9,9 @@ the event loop queued in one transaction, each run changed in it loaded and save
 
 Order and visibility are kept: every other store call (a read, an ``update_run`` whose
 answer is used, an ending) writes the queue first, so this process always reads what
-it wrote; other processes see it one loop turn later. Without a running event loop in
+it wrote; other processes see it one loop turn later. A call that writes takes the queue
+into its own transaction (:meth:`WriteBehind.joined`): the queue first, under a
+savepoint, then the call's statements, one commit for both. Without a running event loop in
 the calling thread (a command's synchronous code, a worker thread) a write is made at
 once, after what is queued, and its failure is the caller's. A queued write that fails
 is logged and dropped: it is progress, never a result or the user's work, and what
@@ -21,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from ..run import RunRecord
@@ -67,11 +69,16 @@ class WriteBehind:
     """The queue of one store's progress writes (see the module's doc)."""
 
     def __init__(
-        self, transaction: Callable[[], AbstractContextManager[Query]], load: Load, save: Save
+        self,
+        transaction: Callable[[], AbstractContextManager[Query]],
+        load: Load,
+        save: Save,
+        progress_commit: str = "",
     ) -> None:
         self._transaction = transaction
         self._load = load
         self._save = save
+        self._progress_commit = progress_commit  # first in a transaction of progress only
         self._pending: list[Step] = []
         self._lock = threading.RLock()
         self._scheduled = False
@@ -111,11 +118,55 @@ class WriteBehind:
                     except Exception as e:  # progress only: said, not raised
                         log.warning("orch: a progress write was dropped: %s", e)
 
+    @contextmanager
+    def joined(self) -> Iterator[Query]:
+        """A transaction for a caller's own statements that first writes what is queued.
+
+        The queue goes under a savepoint (its commit is the caller's: as durable as the
+        caller's own statements, never asynchronous); if it fails, each step is
+        tried under one of its own and a failing one is logged and dropped. The caller's
+        statements follow, and its failure is its own: the transaction is rolled back and
+        the queue, untouched by it, is written on its own before the error goes on."""
+        with self._lock:
+            steps, self._pending = self._pending, []
+            self._scheduled = False
+            try:
+                with self._transaction() as q:
+                    if steps:
+                        self._within(q, steps)
+                    yield q
+            except BaseException:
+                if steps:
+                    self._pending[:0] = steps
+                    self.flush()
+                raise
+
+    def _within(self, q: Query, steps: list[Step]) -> None:
+        q("SAVEPOINT behind", ())
+        try:
+            self._unit(q, steps)
+        except Exception:
+            q("ROLLBACK TO SAVEPOINT behind", ())
+            for step in steps:
+                q("SAVEPOINT step", ())
+                try:
+                    self._unit(q, [step])
+                except Exception as e:  # progress only: said, not raised
+                    q("ROLLBACK TO SAVEPOINT step", ())
+                    log.warning("orch: a progress write was dropped: %s", e)
+                q("RELEASE SAVEPOINT step", ())
+        q("RELEASE SAVEPOINT behind", ())
+
     def _apply(self, steps: list[Step]) -> None:
         with self._transaction() as q:
-            unit = Unit(q, self._load)
-            for step in steps:
-                step(unit)
-            for record in unit.runs.values():
-                if record is not None:
-                    self._save(q, record)
+            if self._progress_commit:
+                q(self._progress_commit, ())
+            self._unit(q, steps)
+
+    def _unit(self, q: Query, steps: list[Step]) -> None:
+        unit = Unit(q, self._load)
+        for step in steps:
+            step(unit)
+        for record in unit.runs.values():
+            if record is not None:
+                self._save(q, record)

@@ -8,7 +8,10 @@ Same contract as :class:`~orchestrator.store.sqlite.SqliteStore`, method by meth
   ``BEGIN; SELECT … FOR UPDATE; UPDATE; COMMIT`` for read-modify-write (``update_run``,
   ``end_if_active``, ``note_activity``), so writers in many processes never lose an update;
   progress writes (``note_activity``, ``add_event``, ``heartbeat``) commit asynchronously
-  (:data:`ASYNC_COMMIT`), every other write synchronously;
+  (:data:`ASYNC_COMMIT`) in transactions of their own, every other write synchronously
+  (progress that joins another write's transaction commits as that write does);
+- a run stored with a chain's room (``create_run``) holds the chain's advisory lock from
+  its count to its commit, so two writers cannot both take the chain's last place;
 - event ids come from an identity column; an event insert holds a transaction-level
   advisory lock on its run, so within a run ids are committed in increasing order and a
   reader following ``after_id`` never skips one;
@@ -93,10 +96,13 @@ class PostgresDialect:
     # the run's advisory lock is taken before the id is drawn and held to the commit
     insert_event = (
         "WITH e (run_id, at, kind, data) AS (VALUES (?::text, ?::float8, ?::text, ?::text)),"
-        f" lock AS (SELECT pg_advisory_xact_lock(hashtextextended(e.run_id, 0)), {ASYNC_COMMIT}"
-        " FROM e) INSERT INTO events (run_id, at, kind, data)"
+        " lock AS (SELECT pg_advisory_xact_lock(hashtextextended(e.run_id, 0)) FROM e)"
+        " INSERT INTO events (run_id, at, kind, data)"
         " SELECT e.run_id, e.at, e.kind, e.data FROM e, lock RETURNING id"
     )
+    progress_commit = f"SELECT {ASYNC_COMMIT}"
+    # two keys (orch's, the chain's): a space apart from the one-key locks above
+    lock_chain = "SELECT pg_advisory_xact_lock(1869767528, hashtext(?))"
     heartbeat = (
         f"WITH _ AS (SELECT {ASYNC_COMMIT}) UPDATE runs SET heartbeat_at = ?"
         " FROM _ WHERE run_id IN ({ids})"
@@ -226,9 +232,8 @@ class PostgresDialect:
             cur = self.conn().execute(_pg(sql), args)
             return Written(rows=cur.fetchall() if cur.description else [], count=cur.rowcount)
 
-    def lock_run(self, *, progress: bool) -> str:
-        also = f", {ASYNC_COMMIT}" if progress else ""
-        return f"SELECT data{also} FROM runs WHERE run_id = ? FOR UPDATE"
+    def lock_run(self) -> str:
+        return "SELECT data FROM runs WHERE run_id = ? FOR UPDATE"
 
     def dump_output(self, text: str) -> str:
         return json.dumps(text, ensure_ascii=False)  # a JSON string: text holds no NUL

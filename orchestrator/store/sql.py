@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import ChainUsage, Endings, bound_transcript
+from .base import ChainFull, ChainRoom, ChainUsage, Endings, bound_transcript
 from .batch import WriteBehind, statement
 
 RECENT_ACTIVITIES = 5
@@ -53,6 +53,8 @@ class Dialect(Protocol):
     chain_tokens: str  # SQL: the sum of a chain's tokens, over its rows of runs
     insert_event: str  # (run_id, at, kind, data) -> one row: the new id, in order within a run
     heartbeat: str  # (at, *run_ids) with ``{ids}`` for their marks: a progress write
+    progress_commit: str  # first in a transaction of progress only: it may commit async ("")
+    lock_chain: str  # (chain_id,) -> held to the commit ("": a write holds the database's)
 
     def describe(self) -> str: ...
 
@@ -72,9 +74,8 @@ class Dialect(Protocol):
         """One transaction for a read-modify-write (rolled back on any exception)."""
         ...
 
-    def lock_run(self, *, progress: bool) -> str:
-        """SQL: ``data`` of run ``?``, its row held to the end of the transaction
-        (``progress``: a progress write, which may commit asynchronously)."""
+    def lock_run(self) -> str:
+        """SQL: ``data`` of run ``?``, its row held to the end of the transaction."""
         ...
 
     def dump_output(self, text: str) -> str: ...
@@ -104,13 +105,14 @@ class SqlStore(Endings):
         self.dialect = dialect
         self._update: str | None = None  # the UPDATE of a run's changing columns
         # progress writes, one transaction per loop turn (``batch``)
-        self._behind = WriteBehind(dialect.transaction, self._load_progress, self._save)
+        self._behind = WriteBehind(
+            dialect.transaction, self._load, self._save, dialect.progress_commit
+        )
 
     # every statement of the store writes the queued progress first: this process reads
-    # what it wrote, in the order it wrote it
+    # what it wrote, in the order it wrote it (a transaction: in the same commit)
     def _transaction(self) -> AbstractContextManager[Query]:
-        self._behind.flush()
-        return self.dialect.transaction()
+        return self._behind.joined()
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         self._behind.flush()
@@ -147,7 +149,7 @@ class SqlStore(Endings):
         return cols
 
     # -- runs ---------------------------------------------------------------------
-    def create_run(self, record: RunRecord) -> None:
+    def create_run(self, record: RunRecord, *, room: ChainRoom | None = None) -> None:
         cols = {
             "run_id": record.run_id,
             "chain_id": record.chain_id,
@@ -157,17 +159,23 @@ class SqlStore(Endings):
             **self._columns(record),
         }
         names = ", ".join(cols)
-        self._write(f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values()))
+        with self._transaction() as q:
+            if room is not None:
+                if self.dialect.lock_chain:
+                    q(self.dialect.lock_chain, (record.chain_id,))
+                used = self._usage(q, record.chain_id, tokens=room.tokens is not None)
+                if used.runs >= room.runs or (
+                    room.tokens is not None and used.tokens >= room.tokens
+                ):
+                    raise ChainFull(used, room)
+            q(f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values()))
 
-    def _load(self, q: Query, run_id: str, *, progress: bool = False) -> RunRecord | None:
+    def _load(self, q: Query, run_id: str) -> RunRecord | None:
         """The run, its row held to the end of the transaction."""
         if self._absent(run_id):
             return None
-        rows = q(self.dialect.lock_run(progress=progress), (run_id,))
+        rows = q(self.dialect.lock_run(), (run_id,))
         return _record(rows[0]) if rows else None
-
-    def _load_progress(self, q: Query, run_id: str) -> RunRecord | None:
-        return self._load(q, run_id, progress=True)
 
     def _save(self, q: Query, record: RunRecord) -> None:
         record.updated_at = now()
@@ -227,8 +235,12 @@ class SqlStore(Endings):
         return record
 
     def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
+        self._behind.flush()
+        return self._usage(self.dialect.read, chain_id, tokens=tokens)
+
+    def _usage(self, q: Query, chain_id: str, *, tokens: bool) -> ChainUsage:
         used = self.dialect.chain_tokens if tokens else "0"
-        rows = self._read(
+        rows = q(
             f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {LIVE} THEN 1 ELSE 0 END), 0), {used}"
             " FROM runs WHERE chain_id = ?",
             (chain_id,),

@@ -85,6 +85,8 @@ class SqliteDialect:
     )
     insert_event = "INSERT INTO events (run_id, at, kind, data) VALUES (?,?,?,?) RETURNING id"
     heartbeat = "UPDATE runs SET heartbeat_at = ? WHERE run_id IN ({ids})"
+    progress_commit = ""  # synchronous=NORMAL: every commit alike
+    lock_chain = ""  # BEGIN IMMEDIATE holds the database's write lock
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -149,7 +151,7 @@ class SqliteDialect:
             rows = cur.fetchall()
             return Written(rows=rows, count=cur.rowcount)
 
-    def lock_run(self, *, progress: bool) -> str:
+    def lock_run(self) -> str:
         return "SELECT data FROM runs WHERE run_id = ?"  # BEGIN IMMEDIATE holds the lock
 
     def dump_output(self, text: str) -> str:
