@@ -500,3 +500,31 @@ def test_a_chains_last_places_are_taken_once(store: RunStore) -> None:
         )
     store.create_run(RunRecord(run_id="r-t3", chain_id="c-tokens"), room=ChainRoom(9, 11))
     assert store.chain_usage("c-tokens").runs == 2
+
+
+def test_progress_never_writes_over_another_writers_change(store: RunStore) -> None:
+    """Progress starts from the record as this process last wrote it; when another
+    process changed the run since (here: ended it), the write is made again from the
+    store's version: the ending stands and the progress is kept."""
+    import asyncio
+
+    other = _open(_where(store))
+    try:
+        store.create_run(RunRecord(run_id="r-k", chain_id="c", status=RunStatus.RUNNING))
+
+        async def progress(summary: str) -> None:
+            store.patch_run("r-k", summary=summary)
+            await asyncio.sleep(0)
+
+        asyncio.run(progress("first"))  # now known to this process
+        ended = other.end_if_active("r-k", status=RunStatus.CANCELLED, error="stopped")
+        assert ended is not None
+        asyncio.run(progress("second"))
+        store.note_activity("r-k", "bash", "no loop: written at once")  # the same, at once
+        for seen in (store.require_run("r-k"), other.require_run("r-k")):
+            assert seen.status is RunStatus.CANCELLED and seen.error == "stopped"
+            assert seen.summary == "second"
+            assert seen.last_activity is not None
+            assert seen.last_activity.summary == "no loop: written at once"
+    finally:
+        other.close()

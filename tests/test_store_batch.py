@@ -215,3 +215,35 @@ def test_a_failing_write_rolls_back_only_itself(store: SqliteStore) -> None:
     record = store.require_run("r-8")
     assert record.last_activity is not None and record.last_activity.summary == "kept"
     assert store.get_run("r-none") is None
+
+
+def test_progress_of_a_run_this_process_wrote_reads_nothing(store: SqliteStore) -> None:
+    said: list[str] = []
+    transaction = store.dialect.transaction
+
+    @contextmanager
+    def spied() -> Iterator[Query]:
+        with transaction() as q:
+            yield lambda sql, args: (said.append(sql), q(sql, args))[1]
+
+    store.dialect.transaction = spied  # type: ignore[method-assign]
+
+    other = SqliteStore(store.path)
+    other.create_run(RunRecord(run_id="r-made-elsewhere", chain_id="c"))
+    other.close()
+
+    async def turns(run_id: str) -> None:
+        for i in range(5):
+            store.note_activity(run_id, "bash", f"step {i}")
+            store.patch_run(run_id, summary=f"s{i}")
+            await asyncio.sleep(0)
+
+    for run_id, read in (("r-9", 0), ("r-made-elsewhere", 1)):  # created here: known at once
+        said.clear()
+        asyncio.run(turns(run_id))
+        reads = [s for s in said if s.startswith("SELECT data")]
+        updates = [s for s in said if s.startswith("UPDATE runs")]
+        assert len(reads) == read and len(updates) == 5
+        record = store.require_run(run_id)
+        assert record.summary == "s4"
+        assert [a.summary for a in record.recent_activities][-1] == "step 4"

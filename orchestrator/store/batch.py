@@ -37,6 +37,11 @@ Load = Callable[[Query, str], RunRecord | None]
 Save = Callable[[Query, RunRecord], None]
 
 
+class Again(Exception):
+    """Raised by a load or a save when what the unit read was out of date (the raiser has
+    dropped it): the unit is undone to its savepoint and made once more."""
+
+
 class Unit:
     """One transaction of queued writes: its query, and the runs they change (each loaded
     at its first change and saved once, at the end)."""
@@ -164,6 +169,17 @@ class WriteBehind:
             self._unit(q, steps)
 
     def _unit(self, q: Query, steps: list[Step]) -> None:
+        """The steps, each changed run saved once; made again from fresh reads if a run
+        read as this process last wrote it had been changed by another (``Again``)."""
+        q("SAVEPOINT unit", ())
+        try:
+            self._steps(q, steps)
+        except Again:
+            q("ROLLBACK TO SAVEPOINT unit", ())
+            self._steps(q, steps)
+        q("RELEASE SAVEPOINT unit", ())
+
+    def _steps(self, q: Query, steps: list[Step]) -> None:
         unit = Unit(q, self._load)
         for step in steps:
             step(unit)

@@ -233,7 +233,7 @@ class PostgresDialect:
             return Written(rows=cur.fetchall() if cur.description else [], count=cur.rowcount)
 
     def lock_run(self) -> str:
-        return "SELECT data FROM runs WHERE run_id = ? FOR UPDATE"
+        return "SELECT data, updated_at FROM runs WHERE run_id = ? FOR UPDATE"
 
     def dump_output(self, text: str) -> str:
         return json.dumps(text, ensure_ascii=False)  # a JSON string: text holds no NUL

@@ -29,6 +29,7 @@ from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
 from .base import ChainFull, ChainRoom, ChainUsage, Endings, bound_transcript
 from .batch import WriteBehind, statement
+from .known import Known, Stale
 
 RECENT_ACTIVITIES = 5
 LIKE_ESCAPE = "\\"
@@ -104,9 +105,13 @@ class SqlStore(Endings):
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
         self._update: str | None = None  # the UPDATE of a run's changing columns
-        # progress writes, one transaction per loop turn (``batch``)
+        self._known = Known()  # live records as last committed here (``known``)
+        # progress writes, one transaction per loop turn (``batch``), from known records
         self._behind = WriteBehind(
-            dialect.transaction, self._load, self._save, dialect.progress_commit
+            lambda: self._known.transaction(dialect.transaction),
+            self._load_known,
+            self._save,
+            dialect.progress_commit,
         )
 
     # every statement of the store writes the queued progress first: this process reads
@@ -169,21 +174,37 @@ class SqlStore(Endings):
                 ):
                     raise ChainFull(used, room)
             q(f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values()))
+            self._known.stage(record)
 
     def _load(self, q: Query, run_id: str) -> RunRecord | None:
-        """The run, its row held to the end of the transaction."""
+        """The run, its row held to the end of the transaction (its version: the row's)."""
         if self._absent(run_id):
             return None
         rows = q(self.dialect.lock_run(), (run_id,))
-        return _record(rows[0]) if rows else None
+        if not rows:
+            return None
+        record = _record(rows[0])
+        record.updated_at = float(rows[0][1])
+        return record
+
+    def _load_known(self, q: Query, run_id: str) -> RunRecord | None:
+        """The run as this process last committed it, else as the store has it."""
+        return self._known.get(run_id) or self._load(q, run_id)
 
     def _save(self, q: Query, record: RunRecord) -> None:
+        """Write the record over the version it was read as (``Stale`` if another writer's
+        is there now)."""
+        seen = record.updated_at
         record.updated_at = now()
         cols = self._columns(record)
         if self._update is None:  # the same columns every time: the statement is made once
             sets = ", ".join(f"{name} = ?" for name in cols)
-            self._update = f"UPDATE runs SET {sets} WHERE run_id = ?"
-        q(self._update, [*cols.values(), record.run_id])
+            self._update = f"UPDATE runs SET {sets} WHERE run_id = ? AND updated_at = ?"
+            self._update += " RETURNING run_id"
+        if not q(self._update, [*cols.values(), record.run_id, seen]):
+            self._known.forget(record.run_id)
+            raise Stale(record.run_id)
+        self._known.stage(record)
 
     def update_run(self, run_id: str, **fields: Any) -> RunRecord:
         """Set fields of a run in one transaction (read-modify-write, no lost updates)."""

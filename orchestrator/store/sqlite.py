@@ -152,7 +152,9 @@ class SqliteDialect:
             return Written(rows=rows, count=cur.rowcount)
 
     def lock_run(self) -> str:
-        return "SELECT data FROM runs WHERE run_id = ?"  # BEGIN IMMEDIATE holds the lock
+        return (
+            "SELECT data, updated_at FROM runs WHERE run_id = ?"  # BEGIN IMMEDIATE holds the lock
+        )
 
     def dump_output(self, text: str) -> str:
         return text
