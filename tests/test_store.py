@@ -502,29 +502,39 @@ def test_a_chains_last_places_are_taken_once(store: RunStore) -> None:
     assert store.chain_usage("c-tokens").runs == 2
 
 
-def test_progress_never_writes_over_another_writers_change(store: RunStore) -> None:
+def test_progress_never_writes_over_another_writers_change(
+    store: RunStore, caplog: pytest.LogCaptureFixture
+) -> None:
     """Progress starts from the record as this process last wrote it; when another
     process changed the run since (here: ended it), the write is made again from the
-    store's version: the ending stands and the progress is kept."""
+    store's version: the ending stands and the progress is kept, for every run of a
+    group write at once, with nothing dropped."""
     import asyncio
+    import logging
 
     other = _open(_where(store))
+    ids = ["r-k1", "r-k2", "r-k3"]
     try:
-        store.create_run(RunRecord(run_id="r-k", chain_id="c", status=RunStatus.RUNNING))
+        for rid in ids:
+            store.create_run(RunRecord(run_id=rid, chain_id="c", status=RunStatus.RUNNING))
 
         async def progress(summary: str) -> None:
-            store.patch_run("r-k", summary=summary)
+            for rid in ids:
+                store.patch_run(rid, summary=summary)
             await asyncio.sleep(0)
 
         asyncio.run(progress("first"))  # now known to this process
-        ended = other.end_if_active("r-k", status=RunStatus.CANCELLED, error="stopped")
-        assert ended is not None
-        asyncio.run(progress("second"))
-        store.note_activity("r-k", "bash", "no loop: written at once")  # the same, at once
-        for seen in (store.require_run("r-k"), other.require_run("r-k")):
-            assert seen.status is RunStatus.CANCELLED and seen.error == "stopped"
-            assert seen.summary == "second"
-            assert seen.last_activity is not None
-            assert seen.last_activity.summary == "no loop: written at once"
+        for rid in ids:
+            assert other.end_if_active(rid, status=RunStatus.CANCELLED, error="stopped")
+        with caplog.at_level(logging.WARNING, logger="orchestrator.store.batch"):
+            asyncio.run(progress("second"))  # one group: every run in it out of date
+            store.note_activity("r-k1", "bash", "no loop: written at once")
+        assert "dropped" not in caplog.text
+        for rid in ids:
+            for seen in (store.require_run(rid), other.require_run(rid)):
+                assert seen.status is RunStatus.CANCELLED and seen.error == "stopped"
+                assert seen.summary == "second"
+        activity = other.require_run("r-k1").last_activity
+        assert activity is not None and activity.summary == "no loop: written at once"
     finally:
         other.close()

@@ -247,3 +247,31 @@ def test_progress_of_a_run_this_process_wrote_reads_nothing(store: SqliteStore) 
         record = store.require_run(run_id)
         assert record.summary == "s4"
         assert [a.summary for a in record.recent_activities][-1] == "step 4"
+
+
+def test_writes_that_take_the_queue_in_leave_one_flush_a_turn(store: SqliteStore) -> None:
+    """A fan-out's spawns each write (taking the queue in) and start a child; the children
+    then queue their starts. Those starts are one transaction, not one a child: a write
+    that took the queue does not schedule a flush of its own."""
+    made = _counting(store)
+
+    async def child(i: int) -> None:
+        store.patch_run(f"r-{i}", status=RunStatus.RUNNING)
+        store.add_event(f"r-{i}", "run_started")
+
+    async def fan_out() -> int:
+        children = []
+        for i in range(20):  # one loop turn: write, queue, start a child
+            store.update_run(f"r-{i}", summary="spawned")
+            store.add_event(f"r-{i}", "child_spawned")
+            children.append(asyncio.create_task(child(i)))
+        before = made[0]
+        await asyncio.gather(*children)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return made[0] - before
+
+    assert asyncio.run(fan_out()) <= 2  # the last spawn's event, then the twenty starts
+    for i in range(20):
+        assert store.require_run(f"r-{i}").status is RunStatus.RUNNING
+        assert [e["kind"] for e in store.events(f"r-{i}")] == ["child_spawned", "run_started"]

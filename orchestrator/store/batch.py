@@ -38,8 +38,8 @@ Save = Callable[[Query, RunRecord], None]
 
 
 class Again(Exception):
-    """Raised by a load or a save when what the unit read was out of date (the raiser has
-    dropped it): the unit is undone to its savepoint and made once more."""
+    """Raised by a save when what the unit loaded was out of date: the unit is undone to
+    its savepoint and made once more, every run read from the store (``reload``)."""
 
 
 class Unit:
@@ -79,14 +79,18 @@ class WriteBehind:
         load: Load,
         save: Save,
         progress_commit: str = "",
+        reload: Load | None = None,
     ) -> None:
         self._transaction = transaction
-        self._load = load
+        self._load = load  # a run as this process knows it (``Again`` if out of date)
+        self._reload = reload or load  # a run as the store has it
         self._save = save
         self._progress_commit = progress_commit  # first in a transaction of progress only
         self._pending: list[Step] = []
         self._lock = threading.RLock()
-        self._scheduled = False
+        # the loop a flush is scheduled on (one at a time: what a write or a read takes in
+        # first does not schedule another; a loop closed before its turn ended is replaced)
+        self._scheduled: asyncio.AbstractEventLoop | None = None
 
     def add(self, step: Step) -> None:
         """Queue ``step`` for this loop turn's transaction; with no running loop in this
@@ -101,9 +105,15 @@ class WriteBehind:
                 self._pending.pop()
                 self.flush()
                 self._apply([step])
-            elif not self._scheduled:
-                self._scheduled = True
-                loop.call_soon(self.flush)
+            elif self._scheduled is not loop:
+                self._scheduled = loop
+                loop.call_soon(self._turn_ended, loop)
+
+    def _turn_ended(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            if self._scheduled is loop:
+                self._scheduled = None
+            self.flush()
 
     def flush(self) -> None:
         """Write what is queued, in one transaction (at the loop turn's end, or before any
@@ -111,7 +121,6 @@ class WriteBehind:
         fails alone is logged and dropped: progress never fails a caller's own statement."""
         with self._lock:
             steps, self._pending = self._pending, []
-            self._scheduled = False
             if not steps:
                 return
             try:
@@ -134,7 +143,6 @@ class WriteBehind:
         the queue, untouched by it, is written on its own before the error goes on."""
         with self._lock:
             steps, self._pending = self._pending, []
-            self._scheduled = False
             try:
                 with self._transaction() as q:
                     if steps:
@@ -173,14 +181,14 @@ class WriteBehind:
         read as this process last wrote it had been changed by another (``Again``)."""
         q("SAVEPOINT unit", ())
         try:
-            self._steps(q, steps)
+            self._steps(q, steps, self._load)
         except Again:
             q("ROLLBACK TO SAVEPOINT unit", ())
-            self._steps(q, steps)
+            self._steps(q, steps, self._reload)
         q("RELEASE SAVEPOINT unit", ())
 
-    def _steps(self, q: Query, steps: list[Step]) -> None:
-        unit = Unit(q, self._load)
+    def _steps(self, q: Query, steps: list[Step], load: Load) -> None:
+        unit = Unit(q, load)
         for step in steps:
             step(unit)
         for record in unit.runs.values():

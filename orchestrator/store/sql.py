@@ -112,6 +112,7 @@ class SqlStore(Endings):
             self._load_known,
             self._save,
             dialect.progress_commit,
+            reload=self._load,
         )
 
     # every statement of the store writes the queued progress first: this process reads
