@@ -197,16 +197,15 @@ def test_children_read_the_files_anew_but_find_the_repository_once(
     """A fan-out asks git where the checkout is once per directory (not once a child),
     while each child reads the files as they are when it starts: an edit made by an
     earlier child reaches a later one."""
-    import orchestrator.engine.runner as runner_module
+    from orchestrator.engine.memory import memory_source as search
 
     searched: list[Path] = []
-    search = runner_module.memory_source
 
     def counted(start: Path, *args: Any) -> Any:
         searched.append(start)
         return search(start, *args)
 
-    monkeypatch.setattr(runner_module, "memory_source", counted)
+    monkeypatch.setattr("orchestrator.engine.runner.memory_source", counted)
     edit = {"tool": "bash", "input": {"command": "echo EDITED-BY-FIRST-4410 > CLAUDE.md"}}
     script = {"conversations": [
         {"depth": 0, "turns": [

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,7 +225,12 @@ def test_progress_of_a_run_this_process_wrote_reads_nothing(store: SqliteStore) 
     @contextmanager
     def spied() -> Iterator[Query]:
         with transaction() as q:
-            yield lambda sql, args: (said.append(sql), q(sql, args))[1]
+
+            def spy(sql: str, args: Any) -> Any:
+                said.append(sql)
+                return q(sql, args)
+
+            yield spy
 
     store.dialect.transaction = spied  # type: ignore[method-assign]
 

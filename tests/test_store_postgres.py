@@ -318,7 +318,12 @@ def test_progress_in_a_writes_transaction_commits_as_that_write(pg_url: str) -> 
             sql: list[str] = []
             said.append(sql)
             with transaction() as q:
-                yield lambda text, args: (sql.append(text), q(text, args))[1]
+
+                def spy(text: str, args: Any) -> Any:
+                    sql.append(text)
+                    return q(text, args)
+
+                yield spy
 
         store.dialect.transaction = spied  # type: ignore[method-assign]
         store._behind._transaction = spied

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrchError
+from ..fs.realpath import resolved
 from ..fs.safefs import Beneath, UnsafePath
 from ..project.repo import discover_sync
 from ..workspaces.hiding import hidden_reason, hidden_within
@@ -72,9 +73,12 @@ def _repo_file(
 ) -> tuple[bytes, int, str] | None:
     """Up to FILE_MAX bytes of ``root/name``, its size and its real path; None if there is
     none or it may not be read (a symlink out of the repository or to a ``hidden`` path,
-    a FIFO, a hard link)."""
-    real_root = os.path.realpath(root)
-    target = os.path.realpath(os.path.join(real_root, name))
+    a FIFO, a hard link). ``root``: its real path."""
+    real_root = str(root)
+    found = resolved(os.path.join(real_root, name))  # one open, not a walk in Python
+    if found is None:
+        return None
+    target = str(found)
     if not target.startswith(real_root + os.sep):
         return None
     if hidden_reason(os.path.relpath(target, real_root), hidden) is not None:
@@ -110,7 +114,7 @@ class MemorySource:
     """Where a run's memory files come from, found once for the directory runs are spawned
     from (:func:`memory_source`); the files themselves are read anew by each run."""
 
-    root: Path  # the main checkout of the repository (else the directory itself)
+    root: Path  # the main checkout of the repository (else the directory), its real path
     hidden: tuple[str, ...]  # root-relative paths no memory file may be or lead to
     never: tuple[str, ...]  # absolute real paths no memory file may be or lead to (a store)
 
@@ -120,7 +124,7 @@ def memory_source(
 ) -> MemorySource:
     """The memory source of runs whose host directory is ``start`` (blocking: one ``git``);
     ``hidden``: ``sandbox.hidden``; ``never``: the store's files."""
-    root = project_root_of(start)
+    root = Path(os.path.realpath(project_root_of(start)))
     return MemorySource(
         root=root,
         hidden=hidden_within([root], hidden, os.environ.get("ORCH_HOME")),

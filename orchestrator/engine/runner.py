@@ -46,6 +46,7 @@ from ..tools.base import Tool, ToolRegistry
 from ..tools.delegate import delegation_tools
 from .admission import Admission
 from .agent import LoopOutcome
+from .creations import Creations
 from .delegation import Executor, RunHandle, spawned_event
 from .execution import Execution, LiveRun, Provision
 from .gate import Places
@@ -95,6 +96,7 @@ class Runner:
         self._store_paths: dict[Path, list[str]] = {}
         self._memory: dict[Path, asyncio.Future[MemorySource]] = {}
         self.rules = Admission(settings, store, catalog, models, self.tools)
+        self.creations = Creations(store)
 
     @property
     def jobs(self) -> dict[str, asyncio.Task[RunRecord]]:
@@ -105,7 +107,7 @@ class Runner:
     async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
         """Store the run ``queued`` and start it (a background root: only stored, for the
         caller to detach, ``process/detach.py``); refusals raise OrchError, nothing stored."""
-        record = self._admit(spec, driver)
+        record = await self._admit(spec, driver)
         if record.parent_run_id is None and record.background and driver is None:
             self.live.pop(record.run_id, None)
             return RunHandle(record, None)  # stored, unstarted: the CLI detaches it
@@ -189,7 +191,7 @@ class Runner:
         return job
 
     # -- admission: resolve a spec into a stored record ----------------------------------
-    def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
+    async def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
         parent = None
         if spec.parent_run_id is not None:  # a live parent of this process: no store read
             live = self.live.get(spec.parent_run_id)
@@ -197,8 +199,8 @@ class Runner:
         record, resolved = self.rules.admit(
             spec, driver.definition if driver else None, parent, launch=self.launch
         )
-        try:  # the chain's budgets are checked in the transaction that stores it
-            self.store.create_run(record, room=self.rules.room(record))
+        try:  # stored with the turn's others; its chain's budgets checked in that commit
+            await self.creations.store_run(record, self.rules.room(record))
         except ChainFull as full:
             raise self.rules.refusal(full) from None
         self.live[record.run_id] = LiveRun(record, resolved)

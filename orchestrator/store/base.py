@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -186,6 +187,13 @@ class RunStore(ResourceSink, Endings, Protocol):
     def create_run(self, record: RunRecord, *, room: ChainRoom | None = None) -> None:
         """Insert a new run (its run_id not yet in the store), one transaction; with
         ``room``, only if its chain has that room then (else :class:`ChainFull`)."""
+        ...
+
+    def create_runs(
+        self, runs: Sequence[tuple[RunRecord, ChainRoom | None]]
+    ) -> list[ChainFull | None]:
+        """``create_run`` for each (record, room) in order, in one transaction: each room
+        counts the runs inserted before it; what could not be stored is its ChainFull."""
         ...
 
     def get_run(self, run_id: str) -> RunRecord | None:

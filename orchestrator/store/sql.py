@@ -156,6 +156,26 @@ class SqlStore(Endings):
 
     # -- runs ---------------------------------------------------------------------
     def create_run(self, record: RunRecord, *, room: ChainRoom | None = None) -> None:
+        if (full := self.create_runs([(record, room)])[0]) is not None:
+            raise full
+
+    def create_runs(
+        self, runs: Sequence[tuple[RunRecord, ChainRoom | None]]
+    ) -> list[ChainFull | None]:
+        out: list[ChainFull | None] = []
+        with self._transaction() as q:
+            for record, room in runs:
+                out.append(self._insert(q, record, room))
+        return out
+
+    def _insert(self, q: Query, record: RunRecord, room: ChainRoom | None) -> ChainFull | None:
+        """Insert the run if its chain has ``room`` (else its ChainFull, nothing stored)."""
+        if room is not None:
+            if self.dialect.lock_chain:
+                q(self.dialect.lock_chain, (record.chain_id,))
+            used = self._usage(q, record.chain_id, tokens=room.tokens is not None)
+            if used.runs >= room.runs or (room.tokens is not None and used.tokens >= room.tokens):
+                return ChainFull(used, room)
         cols = {
             "run_id": record.run_id,
             "chain_id": record.chain_id,
@@ -165,17 +185,9 @@ class SqlStore(Endings):
             **self._columns(record),
         }
         names = ", ".join(cols)
-        with self._transaction() as q:
-            if room is not None:
-                if self.dialect.lock_chain:
-                    q(self.dialect.lock_chain, (record.chain_id,))
-                used = self._usage(q, record.chain_id, tokens=room.tokens is not None)
-                if used.runs >= room.runs or (
-                    room.tokens is not None and used.tokens >= room.tokens
-                ):
-                    raise ChainFull(used, room)
-            q(f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values()))
-            self._known.stage(record)
+        q(f"INSERT INTO runs ({names}) VALUES ({marks(list(cols))})", list(cols.values()))
+        self._known.stage(record)
+        return None
 
     def _load(self, q: Query, run_id: str) -> RunRecord | None:
         """The run, its row held to the end of the transaction (its version: the row's)."""

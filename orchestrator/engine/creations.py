@@ -1,0 +1,75 @@
+"""Storing admitted runs: all that one turn of the event loop admitted, in one transaction.
+
+A reply that asks for a hundred children admits them in one loop turn, and storing each
+(its chain's budgets checked in the same transaction: ``store.create_runs``) was a
+transaction a child, most of a spawn's cost. :class:`Creations` holds what a turn
+admitted and stores it when the turn ends, in order: a child's room counts the children
+stored before it, so budgets hold as when each was stored alone. Each spawner waits for
+its own answer: stored, or the ``ChainFull`` that refused it.
+
+A spawner cancelled while it waits takes its run out of the turn's batch; one cancelled
+just after its run was stored ends that run (``cancelled``), so no queued run is left
+without anyone to run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ..run import RunRecord, RunStatus
+from ..store import ChainRoom, RunStore
+
+
+@dataclass
+class _Waiting:
+    record: RunRecord
+    room: ChainRoom | None
+    stored: asyncio.Future[None]
+
+
+class Creations:
+    """The runs admitted in this loop turn, stored together when it ends."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self._turn: list[_Waiting] = []
+
+    async def store_run(self, record: RunRecord, room: ChainRoom | None) -> None:
+        """Store ``record`` with the turn's others; ``ChainFull`` when its chain had no room."""
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(record, room, loop.create_future())
+        if not self._turn:
+            loop.call_soon(self._write)
+        self._turn.append(waiting)
+        try:
+            await waiting.stored
+        except asyncio.CancelledError:
+            if waiting in self._turn:  # not written yet: never will be
+                self._turn.remove(waiting)
+            elif waiting.stored.done() and not waiting.stored.cancelled():
+                if waiting.stored.exception() is None:  # stored, and no one will run it
+                    self.store.end(
+                        record.run_id, RunStatus.CANCELLED, error="cancelled before it started"
+                    )
+            raise
+
+    def _write(self) -> None:
+        turn, self._turn = self._turn, []
+        turn = [w for w in turn if not w.stored.cancelled()]  # their spawners are gone
+        if not turn:
+            return
+        try:
+            refused = self.store.create_runs([(w.record, w.room) for w in turn])
+        except Exception as e:  # the store failed: every spawner of the turn hears it
+            for w in turn:
+                if not w.stored.done():
+                    w.stored.set_exception(e)
+            return
+        for w, full in zip(turn, refused, strict=True):
+            if w.stored.done():
+                continue
+            if full is None:
+                w.stored.set_result(None)
+            else:
+                w.stored.set_exception(full)
