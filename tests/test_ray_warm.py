@@ -276,3 +276,36 @@ def test_a_nodes_malformed_answer_on_its_cache_is_a_clean_error(answer: Any) -> 
     executor._secrets = {}
     with pytest.raises(OrchError, match="malformed"):
         asyncio.run(executor._bundle_for(Actor(), "n1", None, "a" * 40, "k"))  # type: ignore[arg-type]
+
+
+def test_bundles_of_one_commit_made_at_once_are_each_whole(tmp_path: Path) -> None:
+    """Two children sent to two nodes at once each need the new commit: their thin bundles
+    share its ref name (made, bundled, deleted); made one after the other, each is whole."""
+    from orchestrator.process.cluster.warm import thin_bundle
+    from orchestrator.project.repo import discover_sync
+    from orchestrator.workspaces.container.transfer import bundle_ref
+
+    root = init_repo(tmp_path / "repo", {"README.md": "hi\n"})
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    commit(root, "new.txt")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    repo = discover_sync(root)
+    dests = [tmp_path / f"b{i}.bundle" for i in range(8)]
+
+    async def one(i: int, dest: Path) -> None:
+        await asyncio.sleep(i * 0.004)  # the nodes answer a moment apart
+        await thin_bundle(repo, head, dest, bundle_ref(head), [base])
+
+    async def at_once() -> None:
+        await asyncio.gather(*(one(i, d) for i, d in enumerate(dests)))
+
+    asyncio.run(at_once())
+    for d in dests:
+        listed = subprocess.run(["git", "bundle", "list-heads", str(d)], cwd=root,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        assert listed.stdout.split() == [head, bundle_ref(head)]
+    refs = subprocess.run(["git", "for-each-ref", "refs/orch/in"], cwd=root,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert refs.stdout == ""  # each ref was deleted after its bundle

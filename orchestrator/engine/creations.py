@@ -34,12 +34,14 @@ class Creations:
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self._turn: list[_Waiting] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # whose turn is being gathered
 
     async def store_run(self, record: RunRecord, room: ChainRoom | None) -> None:
         """Store ``record`` with the turn's others; ``ChainFull`` when its chain had no room."""
         loop = asyncio.get_running_loop()
         waiting = _Waiting(record, room, loop.create_future())
-        if not self._turn:
+        if self._loop is not loop:  # the first of this turn (a closed loop's turn is gone)
+            self._loop, self._turn = loop, []
             loop.call_soon(self._write)
         self._turn.append(waiting)
         try:
@@ -55,7 +57,7 @@ class Creations:
             raise
 
     def _write(self) -> None:
-        turn, self._turn = self._turn, []
+        turn, self._turn, self._loop = self._turn, [], None
         turn = [w for w in turn if not w.stored.cancelled()]  # their spawners are gone
         if not turn:
             return

@@ -34,6 +34,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -280,14 +281,23 @@ def list_stats(address: str) -> list[dict[str, Any]]:
         ray.shutdown()
 
 
+# the refs being bundled, per event loop: two children sent to two nodes at once make
+# their bundles of one commit one after the other (the ref is made, bundled, deleted)
+_bundling: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def thin_bundle(repo: RepoPaths, commit: str, dest: Path, ref: str, have: list[str]) -> None:
     """``dest``: a bundle of ``commit`` under the name ``ref`` without what ``have`` (commits
     a node's cache holds) reaches (the spawner's side)."""
     from ...workspaces.container.transfer import drop_stale_lock
 
-    drop_stale_lock(repo, ref)
-    try:  # the ref goes whatever happens, also when cancelled while it is being made
-        await git("update-ref", ref, commit, repo=repo)
-        await git("bundle", "create", "-q", str(dest), ref, "--not", *have, repo=repo)
-    finally:
-        await asyncio.shield(git("update-ref", "-d", ref, repo=repo, check=False))
+    locks = _bundling.setdefault(asyncio.get_running_loop(), {})
+    async with locks.setdefault(f"{repo.common_dir}\0{ref}", asyncio.Lock()):
+        drop_stale_lock(repo, ref)
+        try:  # the ref goes whatever happens, also when cancelled while it is being made
+            await git("update-ref", ref, commit, repo=repo)
+            await git("bundle", "create", "-q", str(dest), ref, "--not", *have, repo=repo)
+        finally:
+            await asyncio.shield(git("update-ref", "-d", ref, repo=repo, check=False))
