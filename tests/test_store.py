@@ -31,6 +31,7 @@ from orchestrator.project.orchignore import STATE_IGNORE
 from orchestrator.project.statedir import Refused, adopt
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store, state_dir
+from orchestrator.store.batch import GATHER_S
 from orchestrator.store.sql import like_prefix
 from orchestrator.store.sqlite import _wal
 from orchestrator.workspaces.base import ResourceSink
@@ -521,7 +522,7 @@ def test_progress_never_writes_over_another_writers_change(
         async def progress(summary: str) -> None:
             for rid in ids:
                 store.patch_run(rid, summary=summary)
-            await asyncio.sleep(0)
+            await asyncio.sleep(GATHER_S * 3)
 
         asyncio.run(progress("first"))  # now known to this process
         for rid in ids:

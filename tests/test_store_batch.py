@@ -16,6 +16,7 @@ import pytest
 from orchestrator.errors import NotFound
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import SqliteStore
+from orchestrator.store.batch import GATHER_S
 from orchestrator.store.sql import Query
 
 
@@ -65,7 +66,7 @@ def test_one_loop_turn_of_progress_is_one_transaction_in_order(store: SqliteStor
             store.save_transcript(rid, [{"role": "user", "content": f"t{i}"}])
             store.release_resource(rid, "pgroup", f"g{i}")
         before = made[0]
-        await asyncio.sleep(0)  # the turn ends: its queue is written
+        await asyncio.sleep(GATHER_S * 3)  # the group gathered: its queue is written
         return made[0] - before
 
     assert asyncio.run(turn()) == 1  # 160 writes, one transaction
@@ -91,7 +92,7 @@ def test_this_process_reads_what_it_queued_and_others_see_it_a_turn_later(
         seen_by_other = [e["kind"] for e in other.events("r-1")]
         seen_here = [e["kind"] for e in store.events("r-1")]  # a read writes the queue first
         store.add_event("r-1", "tool_result")
-        await asyncio.sleep(0)
+        await asyncio.sleep(GATHER_S * 3)
         later = [e["kind"] for e in other.events("r-1")]
         return seen_by_other, seen_here, later
 
@@ -133,7 +134,7 @@ def test_a_failing_queued_write_costs_only_itself(
         store._behind.add(broken)
         store.add_event("r-4", "after")
         store.note_activity("r-4", "bash", "kept")
-        await asyncio.sleep(0)
+        await asyncio.sleep(GATHER_S * 3)
 
     with caplog.at_level(logging.WARNING, logger="orchestrator.store.batch"):
         asyncio.run(turn())
@@ -148,7 +149,7 @@ def test_progress_for_a_run_that_is_not_there_is_a_no_op(store: SqliteStore) -> 
         store.note_activity("r-none", "bash", "x")
         store.patch_run("r-none", summary="x")
         store.add_event("r-5", "kept")
-        await asyncio.sleep(0)
+        await asyncio.sleep(GATHER_S * 3)
 
     asyncio.run(turn())
     assert store.get_run("r-none") is None
@@ -242,7 +243,7 @@ def test_progress_of_a_run_this_process_wrote_reads_nothing(store: SqliteStore) 
         for i in range(5):
             store.note_activity(run_id, "bash", f"step {i}")
             store.patch_run(run_id, summary=f"s{i}")
-            await asyncio.sleep(0)
+            await asyncio.sleep(GATHER_S * 3)
 
     for run_id, read in (("r-9", 0), ("r-made-elsewhere", 1)):  # created here: known at once
         said.clear()
@@ -273,8 +274,8 @@ def test_writes_that_take_the_queue_in_leave_one_flush_a_turn(store: SqliteStore
             children.append(asyncio.create_task(child(i)))
         before = made[0]
         await asyncio.gather(*children)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await asyncio.sleep(GATHER_S * 3)
+        await asyncio.sleep(GATHER_S * 3)
         return made[0] - before
 
     assert asyncio.run(fan_out()) <= 2  # the last spawn's event, then the twenty starts

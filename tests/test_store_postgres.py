@@ -19,6 +19,7 @@ from orchestrator.errors import NotFound
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import RunStore, SqliteStore, StoreError, open_store
 from orchestrator.store.base import TRANSCRIPT_LIMIT
+from orchestrator.store.batch import GATHER_S
 from orchestrator.store.postgres import PostgresStore
 from orchestrator.storeurl import endpoint, redact, scrub
 from tests.pgserver import PASSWORD, PASSWORD_ROLE, PgServer
@@ -340,7 +341,7 @@ def test_progress_in_a_writes_transaction_commits_as_that_write(pg_url: str) -> 
 
         async def progress_only() -> None:
             store.add_event("r-1", "tool_result")
-            await asyncio.sleep(0)
+            await asyncio.sleep(GATHER_S * 3)
 
         asyncio.run(progress_only())
         assert len(said) == 2 and ASYNC_COMMIT in said[1][0]  # its own: asynchronous

@@ -150,6 +150,8 @@ class Runner:
                 if current is not None and current.cancelling():
                     raise  # we were cancelled (Ctrl+C): the job was cancelled with us
                 return self.store.require_run(handle.record.run_id)  # `orch cancel`
+            finally:
+                self.store.flush()  # the tree's last progress: no loop turn may come
 
     async def wait(self, handle: RunHandle) -> RunRecord:
         """Wait for a child; if the waiter is cancelled, so is the child."""

@@ -175,7 +175,13 @@ class RunStore(ResourceSink, Endings, Protocol):
         ...
 
     def close(self) -> None:
-        """Close this thread's connection; the next call opens a new one."""
+        """Close this thread's connection (after writing the queued progress); the next
+        call opens a new one."""
+        ...
+
+    def flush(self) -> None:
+        """Write the queued progress now (a run ends here: nothing of it may wait for a
+        loop turn that never comes)."""
         ...
 
     def paths(self) -> tuple[Path, ...]:

@@ -1,21 +1,26 @@
-"""Group commit: a store's progress writes of one event-loop turn, in one transaction.
+"""Group commit: a store's progress writes of a couple of milliseconds, in one transaction.
 
 A run's progress is many small writes: an event per tool call and per result, the
 activity line, the conversation after each turn, the process group of each command
 registered and released. A hundred children working at once made each its own
 transaction (≈ 20 a child, 0.25-1 ms each on one core). Those writes answer nothing
-to their caller, so :class:`WriteBehind` queues them and writes all that one turn of
-the event loop queued in one transaction, each run changed in it loaded and saved once.
+to their caller, so :class:`WriteBehind` queues them and writes what was queued in the
+``GATHER_S`` after the first of them (and the loop turn that ends in) in one
+transaction, each run changed in it loaded and saved once. Waiting one loop turn was
+not enough: a child's spawn runs four turns in its first millisecond, each with a write
+of its own, and those transactions stood between the ``task`` call and the child's
+first request.
 
 Order and visibility are kept: every other store call (a read, an ``update_run`` whose
 answer is used, an ending) writes the queue first, so this process always reads what
-it wrote; other processes see it one loop turn later. A call that writes takes the queue
+it wrote; other processes see it ``GATHER_S`` later. A call that writes takes the queue
 into its own transaction (:meth:`WriteBehind.joined`): the queue first, under a
-savepoint, then the call's statements, one commit for both. Without a running event loop in
-the calling thread (a command's synchronous code, a worker thread) a write is made at
-once, after what is queued, and its failure is the caller's. A queued write that fails
-is logged and dropped: it is progress, never a result or the user's work, and what
-failed with it is tried again on its own.
+savepoint, then the call's statements, one commit for both. A run that ends here has
+its store flushed (``Runner.run_handle``): nothing waits for a turn that never comes.
+Without a running event loop in the calling thread (a command's synchronous code, a
+worker thread) a write is made at once, after what is queued, and its failure is the
+caller's. A queued write that fails is logged and dropped: it is progress, never a
+result or the user's work, and what failed with it is tried again on its own.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from typing import Any
 from ..run import RunRecord
 
 log = logging.getLogger(__name__)
+
+# how long the queue gathers after its first write: a child's spawn runs four loop turns
+# in its first millisecond, each with writes, and a fan-out's turns follow one another
+GATHER_S = 0.002
 
 Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]  # as ``sql.Query``
 
@@ -93,8 +102,8 @@ class WriteBehind:
         self._scheduled: asyncio.AbstractEventLoop | None = None
 
     def add(self, step: Step) -> None:
-        """Queue ``step`` for this loop turn's transaction; with no running loop in this
-        thread, write it (and what is queued) now."""
+        """Queue ``step`` for the next group's transaction (``GATHER_S`` after the first);
+        with no running loop in this thread, write it (and what is queued) now."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -107,17 +116,17 @@ class WriteBehind:
                 self._apply([step])
             elif self._scheduled is not loop:
                 self._scheduled = loop
-                loop.call_soon(self._turn_ended, loop)
+                loop.call_later(GATHER_S, self._gathered, loop)
 
-    def _turn_ended(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             if self._scheduled is loop:
                 self._scheduled = None
             self.flush()
 
     def flush(self) -> None:
-        """Write what is queued, in one transaction (at the loop turn's end, or before any
-        other statement of the store); what fails is tried step by step, and a step that
+        """Write what is queued, in one transaction (when the group has gathered, or before
+        any other statement of the store); what fails is tried step by step, and a step that
         fails alone is logged and dropped: progress never fails a caller's own statement."""
         with self._lock:
             steps, self._pending = self._pending, []

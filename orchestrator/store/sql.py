@@ -138,6 +138,9 @@ class SqlStore(Endings):
         self._behind.flush()
         self.dialect.close()
 
+    def flush(self) -> None:
+        self._behind.flush()
+
     def _absent(self, *ids: str) -> bool:
         """True if an id cannot be in the store (its text columns hold no NUL)."""
         return not self.dialect.holds_nul and any("\x00" in i for i in ids)
