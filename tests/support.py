@@ -249,3 +249,27 @@ def sandbox_image() -> str:
     if found.returncode != 0:
         _unavailable(f"{SANDBOX_IMAGE} is missing: run `orch sandbox build`")
     return SANDBOX_IMAGE
+
+
+def spy_transactions(store: Any) -> list[list[str]]:
+    """From now on, every transaction of a SQL store's dialect, as the statements it ran
+    (a list a transaction, in order)."""
+    from contextlib import contextmanager
+
+    said: list[list[str]] = []
+    transaction = store.dialect.transaction
+
+    @contextmanager
+    def spied() -> Any:
+        sql: list[str] = []
+        said.append(sql)
+        with transaction() as q:
+
+            def spy(text: str, args: Any) -> Any:
+                sql.append(text)
+                return q(text, args)
+
+            yield spy
+
+    store.dialect.transaction = spied
+    return said

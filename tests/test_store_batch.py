@@ -9,7 +9,6 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,6 +17,7 @@ from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import SqliteStore
 from orchestrator.store.batch import GATHER_S
 from orchestrator.store.sql import Query
+from tests.support import spy_transactions
 
 
 def _counting(store: SqliteStore) -> list[int]:
@@ -220,20 +220,7 @@ def test_a_failing_write_rolls_back_only_itself(store: SqliteStore) -> None:
 
 
 def test_progress_of_a_run_this_process_wrote_reads_nothing(store: SqliteStore) -> None:
-    said: list[str] = []
-    transaction = store.dialect.transaction
-
-    @contextmanager
-    def spied() -> Iterator[Query]:
-        with transaction() as q:
-
-            def spy(sql: str, args: Any) -> Any:
-                said.append(sql)
-                return q(sql, args)
-
-            yield spy
-
-    store.dialect.transaction = spied  # type: ignore[method-assign]
+    transactions = spy_transactions(store)
 
     other = SqliteStore(store.path)
     other.create_run(RunRecord(run_id="r-made-elsewhere", chain_id="c"))
@@ -246,8 +233,9 @@ def test_progress_of_a_run_this_process_wrote_reads_nothing(store: SqliteStore) 
             await asyncio.sleep(GATHER_S * 3)
 
     for run_id, read in (("r-9", 0), ("r-made-elsewhere", 1)):  # created here: known at once
-        said.clear()
+        transactions.clear()
         asyncio.run(turns(run_id))
+        said = [sql for t in transactions for sql in t]
         reads = [s for s in said if s.startswith("SELECT data")]
         updates = [s for s in said if s.startswith("UPDATE runs")]
         assert len(reads) == read and len(updates) == 5

@@ -303,31 +303,14 @@ def test_progress_in_a_writes_transaction_commits_as_that_write(pg_url: str) -> 
     """Queued progress that a strict write takes into its own transaction is written
     there without the asynchronous commit: the write stays as durable as it was."""
     import asyncio
-    from collections.abc import Iterator
-    from contextlib import contextmanager
 
     from orchestrator.store.postgres import ASYNC_COMMIT
+    from tests.support import spy_transactions
 
     store = PostgresStore(pg_url)
     try:
         store.create_run(RunRecord(run_id="r-1", chain_id="c"))
-        said: list[list[str]] = []
-        transaction = store.dialect.transaction
-
-        @contextmanager
-        def spied() -> Iterator[Any]:
-            sql: list[str] = []
-            said.append(sql)
-            with transaction() as q:
-
-                def spy(text: str, args: Any) -> Any:
-                    sql.append(text)
-                    return q(text, args)
-
-                yield spy
-
-        store.dialect.transaction = spied  # type: ignore[method-assign]
-        store._behind._transaction = spied
+        said = spy_transactions(store)
 
         async def turn() -> RunRecord:
             store.add_event("r-1", "tool_call")
