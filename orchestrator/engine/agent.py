@@ -40,7 +40,7 @@ from .calls import (
     shown_name,
     summarize_input,
 )
-from .memory import MemorySource, load_memory, memory_source
+from .memory import MemorySource, load_memory
 
 if TYPE_CHECKING:
     from ..catalog.definitions import AgentDefinition, Catalog
@@ -68,7 +68,7 @@ class RunContext:
     # user's checkout: a hook never runs in a tree a sandbox writes). None: ``root``.
     host_root: Path | None = None
     # Where the run's memory files come from, found once for the directory it was spawned
-    # from (``Runner.memory``). None: found from ``hook_cwd``.
+    # from (``Runner.memory``). None: no project memory (``project_memory = false``).
     memory: MemorySource | None = None
 
     @property
@@ -217,16 +217,9 @@ class AgentRun:
         self.messages = self.messages or [{"role": "user", "content": prompt}]
         self.ledger = CallLedger()
         self.ledger.tool_use_ids.update(tool_use_ids(self.messages))
-        memory = ""
-        if ctx.settings.project_memory:
-            hidden = ctx.settings.sandbox.hidden
-            stores = [str(p) for p in ctx.store.paths()]
-            source = ctx.memory
-            if source is None:
-                source = await asyncio.to_thread(memory_source, ctx.hook_cwd, hidden, stores)
-            # read here, not in a thread: at most three small regular files (≈ 0.2 ms),
-            # and a hundred children's thread hops cost their fan-out more than the reads
-            memory = load_memory(source)
+        # read here, not in a thread: at most three small regular files (≈ 0.2 ms), and a
+        # hundred children's thread hops cost their fan-out more than the reads
+        memory = load_memory(ctx.memory) if ctx.memory is not None else ""
         system = self.system_prompt(memory)
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start

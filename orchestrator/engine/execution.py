@@ -137,9 +137,10 @@ class Execution:
                 notifications: list[str] = []
                 evidence = record.evidence.model_copy()
                 spawner = ChildSpawner(self.host, record, ws.root, notifications, evidence)
-                ctx = self._context(record, ws, spawner, notifications)
+                memory = None
                 if self.settings.project_memory:
-                    ctx.memory = await self.host.memory(spec.workdir)
+                    memory = await self.host.memory(spec.workdir)
+                ctx = self._context(record, ws, spawner, notifications, memory)
                 try:
                     outcome = await self._guarded(ctx, spawner)
                 except asyncio.CancelledError:
@@ -163,7 +164,12 @@ class Execution:
         return self.finish(ctx, outcome, workspace)
 
     def _context(
-        self, record: RunRecord, ws: Workspace, spawner: ChildSpawner, notifications: list[str]
+        self,
+        record: RunRecord,
+        ws: Workspace,
+        spawner: ChildSpawner,
+        notifications: list[str],
+        memory: MemorySource | None,
     ) -> RunContext:
         host, settings = self.host, self.settings
         return RunContext(
@@ -191,6 +197,7 @@ class Execution:
             ),
             notifications=notifications,
             host_root=ws.root,
+            memory=memory,
         )
 
     def _ahead(self, calls: list[ToolCall]) -> AbstractAsyncContextManager[object]:
