@@ -25,8 +25,9 @@ import typer
 
 import orchestrator
 import orchestrator.store
-from orchestrator.cli.common import find_run, handles_errors, open_project
+from orchestrator.cli.common import handles_errors, open_project
 from orchestrator.errors import NotFound, UsageError
+from orchestrator.process.opened import find_run
 from orchestrator.project.orchignore import STATE_IGNORE
 from orchestrator.project.statedir import Refused, adopt
 from orchestrator.run import RunRecord, RunStatus, Usage

@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from ..catalog.agent_trust import guard, load_trusted
-from .common import WorkdirOpt, announce_trust, err, handles_errors, out, print_json, root_of
+from ..process.opened import root_of
+from .common import WorkdirOpt, announce_trust, err, handles_errors, out, print_json
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:

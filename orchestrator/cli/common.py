@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
@@ -19,13 +18,10 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from ..catalog.agent_trust import load_trusted
-from ..config import Settings
-from ..errors import NotFound, OrchError, UsageError
-from ..process.reconcile import reconcile
-from ..project.paths import project_root
+from ..errors import OrchError
+from ..process import opened
+from ..process.opened import Project
 from ..run import RunRecord, RunStatus
-from ..store import RunStore, open_store
 from ..trust import Trust, TrustCap
 from .safe import safe_text, shown
 
@@ -100,27 +96,10 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-@dataclass
-class Project:
-    root: Path
-    workdir: Path
-    settings: Settings
-    store: RunStore
-    trust: Trust = field(default_factory=Trust)  # what of the repository's settings applies
-
-
 def announce_trust(trust: Trust) -> None:
     """The one line on stderr naming the untrusted settings left out, if any."""
     if line := trust.notice():
         err.print(safe_text(line))
-
-
-def root_of(workdir: Path | None) -> Path:
-    """The project of ``-C DIR`` (default: the current directory): its git top level, or it."""
-    wd = (workdir or Path.cwd()).expanduser()
-    if not wd.is_dir():
-        raise UsageError(f"--workdir {wd} is not a directory; pass an existing directory")
-    return project_root(wd)
 
 
 def open_project(
@@ -130,47 +109,10 @@ def open_project(
     quiet: bool = False,
     **overrides: Any,
 ) -> Project:
-    wd = (workdir or Path.cwd()).expanduser()
-    root = root_of(wd)
-    settings, trust = load_trusted(root, overrides, cap=trust_cap)
-    if not quiet:
-        announce_trust(trust)
-    store = open_store(root, settings.store)
-    reconcile(store)  # every command first settles runs whose owner is gone
-    days = settings.transcript_retention_days  # and drops conversations kept too long
-    store.prune_transcripts(time.time() - days * 86_400)
-    return Project(root=root, workdir=wd.resolve(), settings=settings, store=store, trust=trust)
-
-
-AMBIGUOUS_SHOWN = 4  # candidates an ambiguous prefix lists
-
-
-def find_run(store: RunStore, ref: str) -> RunRecord:
-    """The run ``ref`` names: its id, or any unique prefix of it (with or without ``r-``, as
-    branch names show it). Every command that takes a run resolves it here."""
-    ref = ref.strip()
-    if not ref:
-        raise UsageError(
-            "no run given; pass a run id or its first characters (`orch ps` lists them)"
-        )
-    record = store.get_run(ref)
-    if record is not None:
-        return record
-    matches = store.find_runs(ref)
-    if not matches and not ref.startswith("r-"):
-        matches = store.find_runs("r-" + ref)
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        shown_ids = ", ".join(m.run_id for m in matches[:AMBIGUOUS_SHOWN])
-        more = (
-            f" and {len(matches) - AMBIGUOUS_SHOWN} more" if len(matches) > AMBIGUOUS_SHOWN else ""
-        )
-        raise UsageError(
-            f"{ref!r} matches {len(matches)} runs ({shown_ids}{more}); "
-            "type more characters of the id"
-        )
-    raise NotFound(f"no run {ref!r} in {store.describe()}; `orch ps --all` lists the runs it holds")
+    """The project of a command (``process/opened.py``), what its trust left out said on
+    stderr unless ``quiet``."""
+    notice = None if quiet else announce_trust
+    return opened.open_project(workdir, trust_cap=trust_cap, notice=notice, **overrides)
 
 
 @contextmanager

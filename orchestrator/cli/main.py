@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import UsageError
+from ..process.command import make_runner
+from ..process.opened import Project, find_run
 from ..process.reconcile import reconcile
 from ..run import RunRecord, RunResult, RunStatus
 from .common import (
     ISOLATION_HELP,
     Executor,
     Isolation,
-    Project,
     WorkdirOpt,
     budget_line,
     chain_tree,
     err,
-    find_run,
     handles_errors,
     open_project,
     out,
@@ -35,7 +35,6 @@ from .common import (
     run_label,
     stop_on_sigterm,
 )
-from .engine import make_runner
 from .helpstyle import OrchGroup
 from .live import LiveView, branch_lines, live_view
 from .safe import safe_markup, safe_text

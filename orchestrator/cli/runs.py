@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..engine.owner import owner_alive, this_node
 from ..errors import OrchError
+from ..process.opened import find_run
 from ..process.reconcile import reap, reconcile
 from ..run import EXIT_CODES, RunRecord, RunStatus, first_line, now
 from ..store import RunStore
@@ -23,7 +24,6 @@ from .common import (
     STATUS_STYLE,
     WorkdirOpt,
     age,
-    find_run,
     handles_errors,
     open_project,
     out,
@@ -329,10 +329,10 @@ def host(
 ) -> None:
     """(internal) The worker host of a state dir: runs many detached runs in one process."""
     from ..catalog.agent_trust import load_trusted
+    from ..process.command import not_dumpable
     from ..process.workerhost import serve
     from ..project.paths import project_root
     from ..store import open_store
-    from .engine import not_dumpable
 
     not_dumpable()
     root = project_root(workdir or Path.cwd())

@@ -11,7 +11,8 @@ import typer
 
 from ..catalog.agent_trust import load_trusted
 from ..errors import OrchError
-from .common import WorkdirOpt, age, announce_trust, handles_errors, print_json, root_of
+from ..process.opened import root_of
+from .common import WorkdirOpt, age, announce_trust, handles_errors, print_json
 from .safe import shown
 
 sandbox_app = typer.Typer(

@@ -73,8 +73,8 @@ def run(
 ) -> None:
     """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
     from ..models import ModelProvider
+    from ..process.command import make_runner
     from ..teams.pair import run_team
-    from .engine import make_runner
 
     project = open_project(workdir, model=model)
     provider = ModelProvider(project.settings, model)

@@ -14,7 +14,8 @@ import typer
 from .. import trust as trusting
 from ..catalog.agent_trust import load_trusted
 from ..errors import UsageError
-from .common import WorkdirOpt, handles_errors, out, print_json, root_of
+from ..process.opened import root_of
+from .common import WorkdirOpt, handles_errors, out, print_json
 from .safe import safe_text
 
 

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import NotFound
-from .common import WorkdirOpt, find_run, handles_errors, root_of
+from ..process.opened import find_run, root_of
+from .common import WorkdirOpt, handles_errors
 from .safe import safe_text, shown
 
 if TYPE_CHECKING:

@@ -6,6 +6,8 @@ owns a run). Standard library only here: the ``orch`` entry point imports ``unix
 - ``detach.py``: the CLI's side of a background root: the worker host, else a worker of
   its own;
 - ``workerhost.py``: the worker host, many detached runs in one process;
+- ``opened.py``: a project as a command opens it, and a run named by a prefix;
+  ``command.py``: the runner of a command that runs agents (CLI or MCP);
 - ``rebuild.py``: the one runner factory (a ``Recipe`` from a run's launch);
   ``executor.py``: the executor a runner's settings choose;
 - ``cluster/``: Ray (``driver.py`` the spawner's side, ``node.py`` the node's);

@@ -1,7 +1,7 @@
 """The one runner factory: a Runner built from what a command resolved, or, for a detached
 run, from (project dir, store, the record's launch).
 
-Every runner is made by :func:`assemble` (the command's own, ``cli/engine.py``), so the
+Every runner is made by :func:`assemble` (the command's own, ``command.py``), so the
 launch it records is the one a detached run is rebuilt from; ``executor.py`` then gives it
 the executor its settings choose (not on a Ray node: its runs execute there). A detached
 run's runner (a worker of its own, the worker host, a Ray node) comes from a

@@ -55,7 +55,7 @@ PRELOADED = (  # and every model provider's (models.preload_modules)
     "orchestrator.engine.runner",
     "orchestrator.teams.pair",
     "orchestrator.workspaces.registry",
-    "orchestrator.cli.engine",
+    "orchestrator.process.command",
 )
 
 
@@ -392,7 +392,7 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(problem + "\n")
         return
-    from ..cli.engine import not_dumpable
+    from ..process.command import not_dumpable
 
     not_dumpable()  # it holds the API key: its /proc entries are closed to our own uid
     gc.collect()

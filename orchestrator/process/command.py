@@ -1,4 +1,5 @@
-"""The runner of every command that runs agents (foreground, background, team).
+"""The runner of every command that runs agents (foreground, background, team, and the
+MCP server's task calls).
 
 Same flags, same run: the catalog always takes ``--agents-dir`` flags first, then
 ``agents_dirs`` from the settings, and the launch the runner records is what a detached
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import Project
+from .opened import Project
 
 if TYPE_CHECKING:
     from ..catalog.definitions import Catalog
@@ -46,10 +47,10 @@ def make_runner(
     settings) are kept with detached runs so their worker builds the same engine."""
     from ..catalog.agent_trust import guard
     from ..catalog.definitions import load_catalog
-    from ..process.executor import attach
-    from ..process.rebuild import agents_dirs as all_dirs
-    from ..process.rebuild import assemble
     from ..spec import Launch
+    from .executor import attach
+    from .rebuild import agents_dirs as all_dirs
+    from .rebuild import assemble
 
     not_dumpable()
     if catalog is None:
