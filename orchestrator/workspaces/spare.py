@@ -256,6 +256,19 @@ class HostPiped:
             return
         self._stopped = True
         await stop_process(self.started)
+        proc = self.started.proc
+        with contextlib.suppress(Exception):  # its pipes end with it (what is left, dropped)
+            async with asyncio.timeout(1.0):
+                await asyncio.gather(self._drain, _to_end(proc.stdout))
         self._drain.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._drain
+        transport = getattr(proc, "_transport", None)  # a pipe something else held open
+        if transport is not None:
+            transport.close()
+
+
+async def _to_end(stream: asyncio.StreamReader | None) -> None:
+    """Read ``stream`` to its end, keeping nothing."""
+    while stream is not None and await stream.read(65536):
+        pass
