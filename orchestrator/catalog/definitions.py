@@ -14,15 +14,17 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import UsageError
-from ..mcpclient.declared import Declared, ServerDecl, agent_servers, load_declared
 from ..mcpclient.names import EVERY, is_mcp, parts
 from .frontmatter import DefinitionError as DefinitionError  # re-exported: loaders raise it
 from .frontmatter import parse_frontmatter
+
+if TYPE_CHECKING:  # imported when a file or a catalog has MCP servers (startup time)
+    from ..mcpclient.declared import Declared
 
 # Our own tool names pass through a ``tools`` list unchanged.
 ORCH_TOOLS: tuple[str, ...] = tuple(
@@ -90,7 +92,8 @@ class AgentDefinition(BaseModel):
     background: bool = False
     color: str | None = None
     # its ``mcpServers``: a server declared elsewhere (None) or its own inline declaration
-    mcp_servers: dict[str, ServerDecl | None] = Field(default_factory=dict)
+    # (a ``mcpclient.declared.ServerDecl``, validated when parsed)
+    mcp_servers: dict[str, Any] = Field(default_factory=dict)
     system_prompt: str = ""
     source: str = ""  # file path, or "bundled:<name>"
     warnings: list[str] = Field(default_factory=list)
@@ -210,8 +213,10 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
     network = p.opt_str("network", "'network: host'")
     if network is not None and network not in ("host", "none"):
         raise p.error("network", f"'network' must be host or none, not {network!r}")
-    mcp_servers: dict[str, ServerDecl | None] = {}
+    mcp_servers: dict[str, Any] = {}
     if p.data.get("mcpServers") is not None:
+        from ..mcpclient.declared import agent_servers
+
         try:
             mcp_servers = agent_servers(p.data["mcpServers"], f"{path} mcpServers", warnings)
         except ValueError as e:
@@ -287,7 +292,7 @@ class Catalog:
     agents: dict[str, AgentDefinition] = field(default_factory=dict)
     skills: dict[str, SkillDefinition] = field(default_factory=dict)
     errors: list[DefinitionError] = field(default_factory=list)
-    mcp: Declared = field(default_factory=Declared)  # the MCP servers declared for the project
+    mcp: Declared | None = None  # the MCP servers declared for the project (load_catalog)
 
     def agent(self, name: str) -> AgentDefinition:
         return _named(self.agents, "agent", name, UnknownAgent)
@@ -382,6 +387,8 @@ def load_catalog(
     cat = Catalog()
     cat.agents = _load_dirs("agents", search("agents", agents_dirs), load_agent_file, cat.errors)
     cat.skills = _load_dirs("skills", search("skills", skills_dirs), load_skill_file, cat.errors)
+    from ..mcpclient.declared import load_declared
+
     cat.mcp = load_declared(project_root, home)
     return cat
 

@@ -53,7 +53,7 @@ async def run_tools(
     from ..mcpclient.servers import open_servers
     from ..tools.mcptool import McpTool
 
-    decls = {**catalog.mcp.servers}
+    decls = {**catalog.mcp.servers} if catalog.mcp is not None else {}
     decls.update({n: d for n, d in definition.mcp_servers.items() if d is not None})
     deny = [t for t in definition.disallowed_tools if is_mcp(t)]
     async with open_servers(

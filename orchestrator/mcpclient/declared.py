@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..fs.safefs import Beneath, UnsafePath
-from .names import SERVER_NAME
+from .names import server_name_ok
 
 MAX_FILE_BYTES = 256 * 1024
 PROJECT_FILE = ".mcp.json"
@@ -63,7 +63,7 @@ class Declared:
 
 def server_decl(name: str, raw: object, where: str, warnings: list[str]) -> ServerDecl:
     """One entry as a ServerDecl; ValueError with what to fix (one line)."""
-    if not SERVER_NAME.match(name) or len(name) > 40:
+    if not server_name_ok(name) or len(name) > 40:
         raise ValueError(
             f"server name {name[:60]!r}: use letters, digits, '-' and single '_' (at most 40)"
         )
@@ -154,7 +154,7 @@ def agent_servers(raw: object, where: str, warnings: list[str]) -> dict[str, Ser
     out: dict[str, ServerDecl | None] = {}
     for name, value in entries:
         if value is None:
-            if not SERVER_NAME.match(name):
+            if not server_name_ok(name):
                 raise ValueError(f"'mcpServers': {name[:60]!r} is not a server name")
             out[name] = None
         else:

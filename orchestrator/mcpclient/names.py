@@ -9,12 +9,19 @@ given. A child's grants are those of its parent that it asks for, never wider
 
 from __future__ import annotations
 
-import re
-
 PREFIX = "mcp__"
 EVERY = "mcp__*"  # every MCP tool (an agent with no ``tools`` list)
-SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")  # no "__": it separates
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the Messages API accepts, whole
+_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def server_name_ok(name: str) -> bool:
+    """Letters, digits, ``-`` and single ``_`` (``__`` separates), a letter or digit first."""
+    return bool(name) and name[0] not in "_-" and set(name) <= _WORD and "__" not in name
+
+
+def tool_name_ok(name: str) -> bool:
+    """What the Messages API accepts as a tool's whole name."""
+    return 0 < len(name) <= 64 and set(name) <= _WORD
 
 
 def is_mcp(name: str) -> bool:
@@ -33,7 +40,7 @@ def parts(grant: str) -> tuple[str, str | None] | None:
     server, sep, tool = grant[len(PREFIX) :].partition("__")
     if server == "*" and not sep:
         return server, None
-    if not SERVER_NAME.match(server) or (sep and not tool):
+    if not server_name_ok(server) or (sep and not tool):
         return None
     return server, tool if sep else None
 

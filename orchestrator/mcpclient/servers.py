@@ -18,7 +18,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import mcp.types as types
@@ -27,9 +27,9 @@ from mcp.shared.exceptions import MCPError
 
 from ..config import McpSettings
 from ..errors import OrchError
-from ..workspaces.base import Runtime
+from ..workspaces.piped import Piped
 from .declared import ServerDecl
-from .names import TOOL_NAME, covers, parts, tool_name, within
+from .names import covers, parts, tool_name, tool_name_ok, within
 from .transport import Link, piped_streams
 
 DESCRIPTION_CHARS = 2000
@@ -41,6 +41,14 @@ def clean(text: object, limit: int) -> str:
     """Text a server sent, as safe to show a model: no control characters, capped."""
     out = _CONTROL.sub("", str(text))
     return out if len(out) <= limit else out[:limit] + " [cut]"
+
+
+class Starter(Protocol):
+    """Where a server starts: a run's ``Runtime`` (its sandbox)."""
+
+    async def start(
+        self, argv: list[str], *, env: Mapping[str, str], more: Mapping[str, str]
+    ) -> Piped: ...
 
 
 @dataclass
@@ -125,7 +133,7 @@ def offered(
         name = tool_name(server, tool.name)
         if not covers(grants, server, tool.name) or any(within(name, d) for d in deny):
             continue
-        if not TOOL_NAME.match(name) or name in seen:
+        if not tool_name_ok(name) or name in seen:
             notes.append(f"MCP server {server!r}: tool {clean(tool.name, 80)!r} left out (name)")
             continue
         schema = dict(tool.input_schema)
@@ -166,7 +174,7 @@ async def start_server(
     stack: AsyncExitStack,
     name: str,
     decl: ServerDecl,
-    runtime: Runtime,
+    runtime: Starter,
     env: Mapping[str, str],
     cfg: McpSettings,
 ) -> tuple[Connection, list[types.Tool]]:
@@ -204,7 +212,7 @@ async def open_servers(
     *,
     grants: list[str],
     deny: list[str],
-    runtime: Runtime,
+    runtime: Starter,
     env: Mapping[str, str],
     cfg: McpSettings,
 ) -> AsyncIterator[RunServers]:

@@ -1,0 +1,56 @@
+"""MCP grants: what a child may have of its parent's, and plain commands importing no SDK."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.mcpclient.names import covers, narrowed, parts, servers
+from orchestrator.policy.checks import child_tools
+
+
+def test_grants_name_servers_and_tools() -> None:
+    assert parts("mcp__proj") == ("proj", None)
+    assert parts("mcp__proj__probe") == ("proj", "probe")
+    assert parts("mcp__a-b__x__y") == ("a-b", "x__y")
+    assert parts("mcp__*") == ("*", None)
+    for bad in ("mcp__", "mcp___x", "mcp__-x", "mcp__proj__", "mcp__a b", "read_file"):
+        assert parts(bad) is None, bad
+    assert servers(["mcp__*", "mcp__a__x", "bash", "mcp__b", "mcp__a"]) == ["a", "b"]
+    assert covers(["mcp__a"], "a", "x") and covers(["mcp__*"], "z", "x")
+    assert not covers(["mcp__a__y", "mcp__ab"], "a", "x")
+
+
+def test_a_child_never_gets_more_than_its_parent() -> None:
+    parent = ["read_file", "task", "mcp__a__x", "mcp__b"]
+    assert narrowed(parent, ["mcp__a__x", "mcp__a__y", "mcp__b__z", "mcp__c"]) == [
+        "mcp__a__x",
+        "mcp__b__z",
+    ]
+    assert narrowed(parent, ["mcp__a"]) == ["mcp__a__x"]  # a whole server: what it has of it
+    assert narrowed(parent, ["mcp__*"]) == ["mcp__a__x", "mcp__b"]  # no tools list: all it has
+    assert narrowed(["mcp__*"], ["mcp__q", "mcp__*"]) == ["mcp__q", "mcp__*"]
+    assert narrowed(["read_file"], ["mcp__*", "mcp__q"]) == []
+    # the builtins as before, then the grants
+    assert child_tools(parent, ["bash", "read_file", "mcp__*"]) == [
+        "read_file",
+        "mcp__a__x",
+        "mcp__b",
+    ]
+
+
+def test_a_plain_command_imports_no_mcp_sdk(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator", "ps"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "orchestrator.cli.main" in imported or "orchestrator.cli" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("mcp", "anyio", "mcp_types")}
+    assert "orchestrator.mcpclient.declared" not in imported
