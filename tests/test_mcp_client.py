@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator.bwrap import profile as osbox
+from orchestrator.config import SandboxSettings
 from orchestrator.run import RunRecord, RunStatus
 from tests.support import Harness, harness, init_repo, task_call, tool_results
 
@@ -225,4 +226,19 @@ def test_a_run_that_times_out_mid_call_leaves_no_server(tmp_path: Path) -> None:
     assert root.status == RunStatus.TIMED_OUT, root.error
     (event,) = [e for e in h.store.events(root.run_id) if e["kind"] == "mcp"]
     assert "mcp__proj__sleep" in event["data"]["tools"]  # it was there, mid-call, when cut
+    assert processes_with(mark) == []
+
+
+def test_without_the_os_sandbox_no_server_starts(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(tmp_path, mark, prober=agent("prober", "mcp__proj__probe"))
+    script = child_script([call("mcp__proj__probe")], subagent_type="prober")
+    h = harness(repo, script, sandbox=SandboxSettings(os="off"))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    (result,) = results(h, child_of(h, root))
+    assert result.get("is_error") and result["content"] == (
+        "MCP server 'proj' did not start: an MCP server runs only in the OS sandbox "
+        '(sandbox.os = "bwrap")'
+    )
     assert processes_with(mark) == []

@@ -183,10 +183,7 @@ async def start_server(
     if decl.type != "stdio" or decl.command is None:
         raise OrchError(f"a remote ({decl.type}) server; orch starts stdio servers only")
     link = Link(name)
-    try:
-        piped = await runtime.start([decl.command, *decl.args], env=env, more=decl.env)
-    except OrchError as e:
-        raise OrchError(f"it could not start: {e}") from None
+    piped = await runtime.start([decl.command, *decl.args], env=env, more=decl.env)
     stack.push_async_callback(piped.stop)
     streams = piped_streams(piped, link, max_line=cfg.max_line_bytes)
     read, write = await stack.enter_async_context(streams)

@@ -136,7 +136,7 @@ class Shell:
         if self._closed:
             raise OrchError("the workspace is closed")
         if self.spec.sandbox.os != "bwrap":
-            raise OrchError('needs the OS sandbox (sandbox.os = "bwrap"); not started')
+            raise OrchError('an MCP server runs only in the OS sandbox (sandbox.os = "bwrap")')
         box_argv, process_env = confined(
             argv,
             spec=self.spec,
@@ -228,7 +228,7 @@ class HostPiped:
         self.started = started
         self.tail = Tail()
         self._drain = asyncio.ensure_future(self._drain_stderr())
-        self._stopped = False
+        self._stopping: asyncio.Future[None] | None = None
 
     async def _drain_stderr(self) -> None:
         err = self.started.proc.stderr
@@ -252,9 +252,13 @@ class HostPiped:
         return self.tail.text()
 
     async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
+        """Once, whoever asks first; a cancelled caller leaves it running to its end, and the
+        next caller waits for that."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         await stop_process(self.started)
         proc = self.started.proc
         with contextlib.suppress(Exception):  # its pipes end with it (what is left, dropped)

@@ -34,6 +34,7 @@ class ContainerPiped:
         self.writer: asyncio.StreamWriter | None = None
         self._pump: asyncio.Task[None] | None = None
         self._stopped = False
+        self._stopping: asyncio.Future[None] | None = None
 
     async def open(self) -> None:
         sock = getattr(self.wrapped, "_sock", self.wrapped)
@@ -73,9 +74,14 @@ class ContainerPiped:
         return self.tail.text()
 
     async def stop(self) -> None:
-        if self._stopped:
-            return
+        """Once, whoever asks first; a cancelled caller leaves it running to its end, and the
+        next caller waits for that."""
         self._stopped = True
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         api, cid = self.box.client.api, self.box.container_id
         with contextlib.suppress(Exception):
             info = await asyncio.to_thread(api.exec_inspect, self.exec_id)
