@@ -210,11 +210,14 @@ def _check_mcp(reports: list[ValidationReport], start: bool, workdir: Path | Non
     import asyncio
 
     from ..catalog.definitions import load_agent_file
-    from ..catalog.mcpcheck import mcp_warnings
+    from ..catalog.mcpcheck import mcp_warnings, named
     from ..mcpclient.declared import load_declared
 
-    agents = {r.path: load_agent_file(Path(r.path)) for r in reports if r.ok and r.kind == "agent"}
-    if not agents:
+    loaded = [
+        (r.path, load_agent_file(Path(r.path))) for r in reports if r.kind == "agent" and r.ok
+    ]
+    agents = {path: d for path, d in loaded if named(d)[0]}
+    if not agents:  # no agent names a server: no project is read
         return
     root = root_of(workdir)
     settings, _ = load_trusted(root)
