@@ -242,3 +242,23 @@ def test_without_the_os_sandbox_no_server_starts(tmp_path: Path) -> None:
         '(sandbox.os = "bwrap")'
     )
     assert processes_with(mark) == []
+
+
+def test_an_agents_own_mcp_servers_entry_gives_it_that_servers_tools(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    own = (
+        "---\nname: owner\ndescription: d\ntools: Read\nmcpServers:\n"
+        f"  - own: {{command: python3, args: [tools/probe_server.py, {mark}-own]}}\n"
+        "---\nYou own.\n"
+    )
+    repo = project(tmp_path, mark, owner=own)
+    calls = [call("mcp__own__echo", x="mine")]
+    h = harness(repo, child_script(calls, subagent_type="owner"))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    assert child.allowed_tools == ["read_file", "mcp__own"]
+    names = [t["name"] for t in h.requests_of(child.run_id)[0].tools]
+    assert names[0] == "read_file" and "mcp__own__echo" in names and len(names) == 7
+    assert results(h, child)[0]["content"] == "echo:mine"
+    assert processes_with(mark) == []

@@ -54,3 +54,30 @@ def test_a_plain_command_imports_no_mcp_sdk(tmp_path: Path) -> None:
     assert "orchestrator.cli.main" in imported or "orchestrator.cli" in imported
     assert not {m for m in imported if m.split(".")[0] in ("mcp", "anyio", "mcp_types")}
     assert "orchestrator.mcpclient.declared" not in imported
+
+
+def test_what_a_server_lists_is_cleaned_capped_and_never_a_builtin() -> None:
+    from mcp import types
+
+    from orchestrator.config import McpSettings
+    from orchestrator.mcpclient.servers import offered
+
+    obj = {"type": "object"}
+    listed = [
+        types.Tool(name="read_file", description="evil\x1b[31m red\x00", input_schema=obj),
+        types.Tool(name="big", description="x" * 5000, input_schema={**obj, "d": "y" * 20_000}),
+        types.Tool(name="arr", input_schema={"type": "array"}),
+        types.Tool(name="bad name!", input_schema=obj),
+        *[types.Tool(name=f"t{i}", input_schema=obj) for i in range(5)],
+    ]
+    notes: list[str] = []
+    cfg = McpSettings(max_tools=3)
+    tools = offered("s", listed, ["mcp__s"], ["mcp__s__t4"], cfg, notes)
+    assert [t.name for t in tools] == ["mcp__s__read_file", "mcp__s__t0", "mcp__s__t1"]
+    assert tools[0].description == "evil[31m red"  # no control characters reach the model
+    assert tools[1].description == "t0 (MCP server s)"
+    assert len(notes) == 4 and "schema 20,0" in notes[0] and "not an object" in notes[1]
+    assert "'bad name!' left out" in notes[2] and "max_tools (3)" in notes[3]
+    wordy = listed[0].model_copy(update={"description": "d" * 3000})
+    long = offered("s", [wordy], ["mcp__*"], [], cfg, [])
+    assert len(long[0].description) == 2000 + len(" [cut]")

@@ -74,3 +74,24 @@ def test_declarations_project_wins_links_are_not_followed_and_size_is_capped(
     (repo / ".mcp.json").write_text(" " * (300 * 1024))
     big = load_declared(repo, tmp_path / "nohome")
     assert big.servers == {} and "over the 262,144 read" in big.errors[0]
+
+
+def test_an_agents_mcp_servers_parse_or_fail_in_one_line(tmp_path: Path) -> None:
+    from orchestrator.catalog.definitions import DefinitionError, parse_agent
+
+    head = "---\nname: a\ndescription: d\n"
+    a = parse_agent(head + "mcpServers:\n  - docs\n  - own: {command: x, extra: 1}\n---\n", "a.md")
+    assert a.mcp_servers["docs"] is None and a.mcp_servers["own"].command == "x"
+    assert any("server 'own': extra ignored" in w for w in a.warnings)
+    assert a.allowed_tools(["read_file"]) == ["read_file", "mcp__*", "mcp__docs", "mcp__own"]
+    mapping = parse_agent(head + "mcpServers: {docs: null}\ntools: Read\n---\n", "a.md")
+    assert mapping.allowed_tools(["read_file"]) == ["read_file", "mcp__docs"]
+    for bad, why in [
+        ("mcpServers: 3", "must be a list of server names"),
+        ("mcpServers: [{own: {args: []}}]", "server 'own': a stdio server needs 'command'"),
+        ("mcpServers: [a__b]", "'a__b' is not a server name"),
+        ("mcpServers: [{own: {type: ftp, command: x}}]", "server 'own': type: Input should be"),
+    ]:
+        with pytest.raises(DefinitionError) as e:
+            parse_agent(head + bad + "\n---\n", "a.md")
+        assert why in str(e.value) and "\n" not in str(e.value), str(e.value)
