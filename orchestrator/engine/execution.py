@@ -153,6 +153,7 @@ class Execution:
                     env=env,
                     settings=self.settings,
                     store=store,
+                    model=self.drive is None,
                 ) as tools:
                     ctx = self._context(record, runtime, env, tools, spawner, notifications)
                     ctx.memory = memory

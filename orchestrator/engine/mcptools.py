@@ -43,10 +43,13 @@ async def run_tools(
     env: Mapping[str, str],
     settings: Settings,
     store: RunStore,
+    model: bool = True,
 ) -> AsyncIterator[RunTools]:
+    """``model``: the run is a model's loop (a driver's run, a team's, calls no tool: no
+    server starts for it)."""
     grants = [t for t in record.allowed_tools if is_mcp(t)]
     builtin = [t for t in record.allowed_tools if not is_mcp(t)]
-    named = servers(grants)
+    named = servers(grants) if model else []
     if not named:
         yield RunTools(tools, builtin)
         return
