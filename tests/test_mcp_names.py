@@ -81,3 +81,37 @@ def test_what_a_server_lists_is_cleaned_capped_and_never_a_builtin() -> None:
     wordy = listed[0].model_copy(update={"description": "d" * 3000})
     long = offered("s", [wordy], ["mcp__*"], [], cfg, [])
     assert len(long[0].description) == 2000 + len(" [cut]")
+
+
+def test_a_remote_server_is_not_offered_and_the_note_says_why() -> None:
+    import asyncio
+
+    from orchestrator.config import McpSettings
+    from orchestrator.mcpclient.declared import ServerDecl
+    from orchestrator.mcpclient.servers import RunServers, open_servers
+
+    class NoStart:
+        async def start(self, argv: list[str], *, env: object, more: object) -> None:
+            raise AssertionError("nothing may start")
+
+    async def opened() -> RunServers:
+        remote = {"r": ServerDecl(type="http", url="http://127.0.0.1:9/mcp")}
+        async with open_servers(
+            ["r", "ghost"],
+            remote,
+            grants=["mcp__r__x", "mcp__ghost"],
+            deny=[],
+            runtime=NoStart(),  # type: ignore[arg-type]
+            env={},
+            cfg=McpSettings(),
+        ) as found:
+            return found
+
+    found = asyncio.run(opened())
+    assert found.tools == []
+    assert found.notes == [
+        "MCP server 'r' is remote (http); not offered: orch starts stdio servers only, "
+        "inside the run's sandbox",
+        "MCP server 'ghost' is not declared (.mcp.json, ~/.orch/mcp.json or the agent's "
+        "mcpServers); not offered",
+    ]

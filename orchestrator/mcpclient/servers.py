@@ -223,6 +223,12 @@ async def open_servers(
                 where = ".mcp.json, ~/.orch/mcp.json or the agent's mcpServers"
                 found.notes.append(f"MCP server {name!r} is not declared ({where}); not offered")
                 continue
+            if decl.type != "stdio":
+                found.notes.append(
+                    f"MCP server {name!r} is remote ({decl.type}); not offered: orch starts "
+                    "stdio servers only, inside the run's sandbox"
+                )
+                continue
             inner = AsyncExitStack()
             await outer.enter_async_context(inner)
             try:
