@@ -10,6 +10,8 @@ run's ``mcp`` event (``orch logs``).
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -53,6 +55,8 @@ async def run_tools(
     if not named:
         yield RunTools(tools, builtin)
         return
+    # the SDK's import takes ≈ 0.7 s: in a thread, not in the loop the other runs share
+    await asyncio.to_thread(importlib.import_module, "orchestrator.tools.mcptool")
     from ..mcpclient.servers import open_servers
     from ..tools.mcptool import McpTool
 
