@@ -87,7 +87,7 @@ def test_an_agents_mcp_servers_parse_or_fail_in_one_line(tmp_path: Path) -> None
     mapping = parse_agent(head + "mcpServers: {docs: null}\ntools: Read\n---\n", "a.md")
     assert mapping.allowed_tools(["read_file"]) == ["read_file", "mcp__docs"]
     denied = parse_agent(
-        head + "tools: mcp__docs, mcp__x__y\ndisallowedTools: mcp__x__y\n---\n", "a"
+        head + "tools: mcp__docs, mcp__x__y\ndisallowedTools: mcp__x__y\n---\nHi", "a"
     )
     assert denied.warnings == [] and denied.allowed_tools([]) == ["mcp__docs"]
     for bad, why in [
