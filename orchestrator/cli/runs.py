@@ -14,13 +14,12 @@ import typer
 from rich.live import Live
 from rich.text import Text
 
-from ..engine.owner import owner_alive, this_node
-from ..errors import OrchError
+from ..engine.owner import this_node
 from ..process.listing import ps_row, ps_rows, tree_order, with_chain_use
 from ..process.opened import find_run
-from ..process.reconcile import reap, reconcile
+from ..process.reconcile import reconcile
+from ..process.stopping import cancel_tree, raise_if_stuck
 from ..run import EXIT_CODES, RunRecord, RunStatus, now
-from ..store import RunStore
 from .common import (
     STATUS_STYLE,
     WorkdirOpt,
@@ -164,44 +163,14 @@ def cancel(
 ) -> None:
     """Cancel a run and every descendant; returns once they have all stopped."""
     project = open_project(workdir)
-    store = project.store
-    rec = find_run(store, run_id)
-    tree = [rec, *store.descendants(rec.run_id)]
-    live = [r for r in tree if not r.status.ended]
-    store.request_cancel([r.run_id for r in live])
-    deadline = time.monotonic() + wait
-    while live and time.monotonic() < deadline:
-        live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
-        for r in list(live):
-            if not owner_alive(r):  # nobody left to obey the request: do it here
-                _force_cancel(store, r, "owner gone")
-        live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
-        if live:
-            time.sleep(0.1)
-    final = [store.require_run(r.run_id) for r in tree]
+    final = cancel_tree(project.store, find_run(project.store, run_id), wait)
     if as_json:
         print_json([{"run_id": r.run_id, "status": r.status.value} for r in final])
     else:
         for r in final:
             style = STATUS_STYLE.get(r.status, "")
             out.print(Text.assemble(safe_text(f"{r.run_id} {r.agent} "), (r.status.value, style)))
-    stuck = [r for r in final if not r.status.ended]
-    if stuck:  # a live owner's resources are never taken from under it
-        pids = ", ".join(sorted({str(r.pid) for r in stuck}))
-        raise OrchError(
-            f"{len(stuck)} run(s) still running: their owner (pid {pids}) did not stop them "
-            f"within {wait:g}s; run `orch cancel` again or stop that process"
-        )
-
-
-def _force_cancel(store: RunStore, record: RunRecord, why: str) -> None:
-    """Cancel a run whose owner is gone: reap what it left, unless it ended meanwhile."""
-    current = store.get_run(record.run_id)
-    if current is None or current.status.ended or owner_alive(current):
-        return
-    actions = reap(store, record.run_id)
-    error = f"cancelled ({why})" + (": " + "; ".join(actions) if actions else "")
-    store.end(record.run_id, RunStatus.CANCELLED, error=error)
+    raise_if_stuck(final, wait)
 
 
 def worker(
