@@ -292,6 +292,12 @@ def list_branches(repo_root: Path) -> list[WorktreeInfo]:
         return _infos(repo)
 
 
+def find_branch(repo_root: Path, target: str) -> WorktreeInfo:
+    """The ``orch/*`` branch ``target`` names: a branch, a run id, or a run's short id."""
+    with open_repo(discover_sync(repo_root)) as repo:
+        return _pick(_infos(repo), target)
+
+
 # -- merge ----------------------------------------------------------------------------------
 
 

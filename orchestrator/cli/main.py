@@ -84,6 +84,9 @@ def _register_subapps() -> None:
     from .state import register as register_state
 
     register_state(app)
+    from .mcp import register as register_mcp
+
+    register_mcp(app)
 
 
 def is_git_repo(path: Path) -> bool:

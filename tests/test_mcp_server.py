@@ -1,0 +1,285 @@
+"""``orch mcp`` through the SDK's own client: the real server process over stdio, a real git
+repository, scripted models. Every tool; bad arguments; a client that goes away mid-task."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.types import CallToolResult, TextContent
+
+from orchestrator.run import RunStatus
+from orchestrator.store import SqliteStore
+from tests.support import git, init_repo, need_bwrap, wait_for, write_script
+
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
+
+TOOLS = {
+    "task",
+    "task_output",
+    "task_stop",
+    "list_runs",
+    "run_result",
+    "run_logs",
+    "branch_diff",
+    "merge_branch",
+}
+
+
+def writer(text: str = "wrote hello.txt", *, latency: float = 0.0, runs: Any = 1) -> dict[str, Any]:
+    return {
+        "agent": "general",
+        "depth": 0,
+        "runs": runs,
+        "latency_s": latency,
+        "turns": [
+            {
+                "tool_calls": [
+                    {"tool": "write_file", "input": {"path": "hello.txt", "content": "hi\n"}}
+                ]
+            },
+            {"text": text},
+        ],
+    }
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+
+
+@asynccontextmanager
+async def server(repo: Path, script: Path) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "orchestrator", "mcp", "-C", str(repo), "--model", f"scripted:{script}"],
+        env=env(),
+        cwd=str(repo),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def text(result: CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def store(repo: Path) -> SqliteStore:
+    return SqliteStore(repo / ".orch" / "orch.db")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    need_bwrap()
+    return init_repo(tmp_path / "repo", {"README.md": "# demo\n"})
+
+
+def test_a_worktree_task_returns_its_branch_and_every_tool_answers(repo: Path) -> None:
+    script = write_script(repo, {"conversations": [writer()]})
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            listed = await s.list_tools()
+            assert {t.name for t in listed.tools} == TOOLS
+            schema = next(t for t in listed.tools if t.name == "task").input_schema
+            assert {"prompt", "isolation", "run_in_background", "resume"} <= set(
+                schema["properties"]
+            )
+
+            got = await s.call_tool(
+                "task",
+                {"description": "greet", "prompt": "write hello.txt", "isolation": "worktree"},
+            )
+            assert not got.is_error, text(got)
+            assert "wrote hello.txt" in text(got) and "[branch orch/" in text(got)
+            data = got.structured_content or {}
+            assert data["status"] == "succeeded" and data["isolation"] == "worktree"
+            branch = next(a for a in data["artifacts"] if a["kind"] == "branch")["branch"]
+            run_id = data["run_id"]
+            assert git(repo, "show", f"{branch}:hello.txt") == "hi"
+            assert not (repo / "hello.txt").exists()  # the user's tree is untouched
+
+            rows = (await s.call_tool("list_runs", {})).structured_content or {}
+            assert [r["run_id"] for r in rows["runs"]] == [run_id]
+            res = await s.call_tool("run_result", {"task_id": run_id[:6]})
+            assert "wrote hello.txt" in text(res) and res.structured_content
+            logs = text(await s.call_tool("run_logs", {"task_id": run_id}))
+            assert "write_file: hello.txt" in logs and "run_finished" in logs
+            diff = await s.call_tool("branch_diff", {"target": run_id})
+            assert "+hi" in text(diff) and not diff.is_error
+            merged = await s.call_tool("merge_branch", {"target": branch})
+            assert not merged.is_error and f"merged {branch}" in text(merged)
+            assert (repo / "hello.txt").read_text() == "hi\n"
+
+    asyncio.run(go())
+
+
+def test_bad_arguments_and_refusals_are_one_line_errors(repo: Path) -> None:
+    script = write_script(repo, {"conversations": []})
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            cases: list[tuple[str, dict[str, Any], str]] = [
+                ("task", {}, "bad arguments for task: prompt: Field required"),
+                ("task", {"prompt": "x", "bogus": 1}, "bogus: Extra inputs are not permitted"),
+                ("task", {"prompt": "x", "isolation": "vm"}, "vm"),
+                ("task", {"prompt": "x", "model": "scripted:/etc/passwd"}, "plays a whole run"),
+                ("nosuch", {}, "no tool 'nosuch'"),
+                ("run_result", {"task_id": "r-nope"}, "no run 'r-nope'"),
+                ("merge_branch", {"target": "orch/x/y"}, "no orch branch matches"),
+                ("list_runs", {"limit": 0}, "limit: Input should be greater than or equal to 1"),
+            ]
+            for name, args, says in cases:
+                got = await s.call_tool(name, args)
+                assert got.is_error, (name, args)
+                line = text(got)
+                assert says in line and "\n" not in line and "Traceback" not in line, line
+
+    asyncio.run(go())
+
+
+def test_merge_refuses_a_dirty_tree_and_control_files(repo: Path) -> None:
+    script = write_script(repo, {"conversations": [writer()]})
+    # a branch an agent could have left that changes a control file (planted with git)
+    git(repo, "checkout", "-q", "-b", "orch/general/0badc0de")
+    (repo / "orch.toml").write_text("store = 'postgresql://evil'\n")
+    git(repo, "add", "orch.toml")
+    git(repo, "commit", "-q", "-m", "settings")
+    git(repo, "checkout", "-q", "main")
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            got = await s.call_tool("task", {"prompt": "write hello.txt", "isolation": "worktree"})
+            assert not got.is_error, text(got)
+            run_id = (got.structured_content or {})["run_id"]
+            (repo / "README.md").write_text("# edited, not committed\n")
+            dirty = await s.call_tool("merge_branch", {"target": run_id})
+            assert dirty.is_error and "uncommitted" in text(dirty), text(dirty)
+            git(repo, "checkout", "README.md")
+            ctl = await s.call_tool("merge_branch", {"target": "orch/general/0badc0de"})
+            assert ctl.is_error and "control files (orch.toml)" in text(ctl), text(ctl)
+            assert not (repo / "orch.toml").exists()
+            ok = await s.call_tool("merge_branch", {"target": run_id, "squash": True})
+            assert not ok.is_error and "squash-merged" in text(ok), text(ok)
+
+    asyncio.run(go())
+
+
+def test_the_servers_text_carries_no_control_characters(repo: Path) -> None:
+    script = write_script(repo, {"conversations": [writer("red \x1b[31mALERT\x1b]52;c;eA==\x07")]})
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            got = await s.call_tool("task", {"prompt": "write hello.txt"})
+            said = text(got)
+            assert "ALERT" in said and "\\x1b[31m" in said
+            assert not any(ord(c) < 32 and c not in "\n\t" for c in said)
+            assert "\x1b" not in str(got.structured_content)
+
+    asyncio.run(go())
+
+
+def test_background_tasks_are_collected_and_stopped(repo: Path) -> None:
+    slow = writer("slow done", latency=30) | {"prompt": "slow"}
+    script = write_script(repo, {"conversations": [writer() | {"prompt": "hello"}, slow]})
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            first = await s.call_tool(
+                "task", {"prompt": "write hello.txt", "run_in_background": True}
+            )
+            task_id = (first.structured_content or {})["task_id"]
+            got = await s.call_tool("task_output", {"task_id": task_id, "timeout_s": 60})
+            assert "wrote hello.txt" in text(got), text(got)
+            second = await s.call_tool("task", {"prompt": "slow", "run_in_background": True})
+            slow_id = (second.structured_content or {})["task_id"]
+            now = await s.call_tool("task_output", {"task_id": slow_id, "block": False})
+            assert (now.structured_content or {})["status"] in ("queued", "running")
+            stopped = await s.call_tool("task_stop", {"task_id": slow_id})
+            assert not stopped.is_error, text(stopped)
+            assert (stopped.structured_content or {})["runs"][0]["status"] == "cancelled"
+
+    asyncio.run(go())
+
+
+def test_a_client_that_goes_away_cancels_its_foreground_runs_not_its_background_ones(
+    repo: Path,
+) -> None:
+    fore = writer("never", latency=60) | {"prompt": "foreground"}
+    back = writer("background done", latency=3) | {"prompt": "background"}
+    script = write_script(repo, {"conversations": [fore, back]})
+    notes: list[str] = []
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            db = store(repo)
+            await s.call_tool("task", {"prompt": "background", "run_in_background": True})
+
+            async def on_progress(
+                progress: float, total: float | None, message: str | None
+            ) -> None:
+                notes.append(message or "")
+
+            call = asyncio.ensure_future(
+                s.call_tool(
+                    "task",
+                    {"prompt": "foreground", "isolation": "worktree"},
+                    progress_callback=on_progress,
+                )
+            )
+
+            def started() -> bool:
+                return bool(notes) and any(r.prompt == "foreground" for r in db.list_runs())
+
+            await asyncio.to_thread(wait_for, started, 30)
+            call.cancel()  # then the client closes the server's stdin and goes
+
+    asyncio.run(go())
+    db = store(repo)
+    fore_run = wait_for(lambda: [r for r in db.list_runs() if r.prompt == "foreground"])[0]
+    ended = wait_for(lambda: (r := db.require_run(fore_run.run_id)).status.ended and r, 30)
+    assert ended.status == RunStatus.CANCELLED
+    assert "turns" in notes[0]  # what the run was doing, every few seconds
+    back_run = next(r for r in db.list_runs() if r.prompt == "background")
+    done = wait_for(lambda: (r := db.require_run(back_run.run_id)).status.ended and r, 60)
+    assert done.status == RunStatus.SUCCEEDED and "background done" in (done.output or "")
+
+
+def test_sigint_from_the_client_stops_the_server_and_its_runs(repo: Path) -> None:
+    script = write_script(repo, {"conversations": [writer("never", latency=60)]})
+
+    async def go() -> int:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
+            "--model", f"scripted:{script}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
+        )  # fmt: skip
+        assert proc.stdin and proc.stdout
+        init = (
+            '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'
+            '"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
+            '{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+            '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"task",'
+            '"arguments":{"prompt":"go","isolation":"worktree"}}}\n'
+        )
+        proc.stdin.write(init.encode())
+        await proc.stdin.drain()
+        await proc.stdout.readline()
+        db = store(repo)
+        await asyncio.to_thread(wait_for, lambda: db.list_runs(), 30)
+        proc.send_signal(signal.SIGINT)
+        return await asyncio.wait_for(proc.wait(), 60)
+
+    code = asyncio.run(go())
+    assert code == 0
+    db = store(repo)
+    run = db.list_runs()[0]
+    assert db.require_run(run.run_id).status == RunStatus.CANCELLED
