@@ -4,6 +4,7 @@ repository, scripted models. Every tool; bad arguments; a client that goes away 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -72,6 +73,14 @@ def text(result: CallToolResult) -> str:
     return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
 
 
+def ended(result: CallToolResult) -> tuple[str, str]:
+    """The run id and status of a task's result: ``[task r-… succeeded · …]``."""
+    head = text(result).split("\n", 1)[0]
+    assert head.startswith("[task r-"), head
+    run_id, status = head[len("[task ") :].split(" ")[:2]
+    return run_id, status
+
+
 def store(repo: Path) -> SqliteStore:
     return SqliteStore(repo / ".orch" / "orch.db")
 
@@ -100,17 +109,17 @@ def test_a_worktree_task_returns_its_branch_and_every_tool_answers(repo: Path) -
             )
             assert not got.is_error, text(got)
             assert "wrote hello.txt" in text(got) and "[branch orch/" in text(got)
-            data = got.structured_content or {}
-            assert data["status"] == "succeeded" and data["isolation"] == "worktree"
-            branch = next(a for a in data["artifacts"] if a["kind"] == "branch")["branch"]
-            run_id = data["run_id"]
+            assert got.structured_content is None  # clients show it instead of the text
+            run_id, status = ended(got)
+            assert status == "succeeded"
+            branch = text(got).split("[branch ")[1].split(" ")[0]
             assert git(repo, "show", f"{branch}:hello.txt") == "hi"
             assert not (repo / "hello.txt").exists()  # the user's tree is untouched
 
-            rows = (await s.call_tool("list_runs", {})).structured_content or {}
-            assert [r["run_id"] for r in rows["runs"]] == [run_id]
-            res = await s.call_tool("run_result", {"task_id": run_id[:6]})
-            assert "wrote hello.txt" in text(res) and res.structured_content
+            rows = text(await s.call_tool("list_runs", {})).splitlines()
+            assert len(rows) == 1 and rows[0].startswith(f"{run_id} general d0 worktree succeeded")
+            res = text(await s.call_tool("run_result", {"task_id": run_id[:6]}))
+            assert "wrote hello.txt" in res and f"[branch {branch} · commit" in res
             logs = text(await s.call_tool("run_logs", {"task_id": run_id}))
             assert "write_file: hello.txt" in logs and "run_finished" in logs
             diff = await s.call_tool("branch_diff", {"target": run_id})
@@ -159,7 +168,7 @@ def test_merge_refuses_a_dirty_tree_and_control_files(repo: Path) -> None:
         async with server(repo, script) as s:
             got = await s.call_tool("task", {"prompt": "write hello.txt", "isolation": "worktree"})
             assert not got.is_error, text(got)
-            run_id = (got.structured_content or {})["run_id"]
+            run_id = ended(got)[0]
             (repo / "README.md").write_text("# edited, not committed\n")
             dirty = await s.call_tool("merge_branch", {"target": run_id})
             assert dirty.is_error and "uncommitted" in text(dirty), text(dirty)
@@ -182,7 +191,6 @@ def test_the_servers_text_carries_no_control_characters(repo: Path) -> None:
             said = text(got)
             assert "ALERT" in said and "\\x1b[31m" in said
             assert not any(ord(c) < 32 and c not in "\n\t" for c in said)
-            assert "\x1b" not in str(got.structured_content)
 
     asyncio.run(go())
 
@@ -196,16 +204,16 @@ def test_background_tasks_are_collected_and_stopped(repo: Path) -> None:
             first = await s.call_tool(
                 "task", {"prompt": "write hello.txt", "run_in_background": True}
             )
-            task_id = (first.structured_content or {})["task_id"]
+            task_id = json.loads(text(first))["task_id"]
             got = await s.call_tool("task_output", {"task_id": task_id, "timeout_s": 60})
             assert "wrote hello.txt" in text(got), text(got)
             second = await s.call_tool("task", {"prompt": "slow", "run_in_background": True})
-            slow_id = (second.structured_content or {})["task_id"]
+            slow_id = json.loads(text(second))["task_id"]
             now = await s.call_tool("task_output", {"task_id": slow_id, "block": False})
-            assert (now.structured_content or {})["status"] in ("queued", "running")
+            assert json.loads(text(now))["status"] in ("queued", "running")
             stopped = await s.call_tool("task_stop", {"task_id": slow_id})
             assert not stopped.is_error, text(stopped)
-            assert (stopped.structured_content or {})["runs"][0]["status"] == "cancelled"
+            assert json.loads(text(stopped))[0] == {"task_id": slow_id, "status": "cancelled"}
 
     asyncio.run(go())
 

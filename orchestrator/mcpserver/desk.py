@@ -57,11 +57,19 @@ DIFF_LIMIT = 100_000
 
 @dataclass
 class Answer:
-    """A tool's result: text for the model, the same as data, and whether it failed."""
+    """A tool's result: text (what a client's model reads: MCP clients such as Claude Code
+    show a structured result instead of the text, so none is sent), and whether it failed."""
 
     text: str
-    data: dict[str, Any] | None = None
     is_error: bool = False
+
+
+def _branch_line(art: dict[str, Any]) -> str:
+    return (
+        f"[branch {art.get('branch')} · commit {str(art.get('commit', ''))[:12]} · "
+        f"{art.get('files_changed', 0)} files +{art.get('insertions', 0)} "
+        f"-{art.get('deletions', 0)}]"
+    )
 
 
 def _json(data: object) -> str:
@@ -142,7 +150,7 @@ class Desk:
             root, store, setting = project.root, project.store, project.settings.store
             record = await asyncio.to_thread(detach, root, handle.record, store, setting)
             data = {"task_id": record.run_id, "chain_id": record.chain_id, "status": "running"}
-            return Answer(_json({**data, "collect_with": "task_output"}), data)
+            return Answer(_json({**data, "collect_with": "task_output"}))
         job = asyncio.create_task(runner.run_handle(handle), name=f"mcp {handle.record.run_id}")
         self.runs[handle.record.run_id] = job
         try:
@@ -184,8 +192,7 @@ class Desk:
 
     def _result(self, record: RunRecord) -> Answer:
         out = format_child_result(record, self.project.settings.child_output_limit)
-        data = record.result().model_dump(mode="json")
-        return Answer(out.content, data, is_error=out.is_error)
+        return Answer(out.content, is_error=out.is_error)
 
     async def task_output(self, args: TaskOutputInput, progress: Progress) -> Answer:
         store = self.project.store
@@ -216,7 +223,7 @@ class Desk:
             "last_activity": rec.last_activity.summary if rec.last_activity else None,
             "summary": rec.summary[-1000:],
         }
-        return Answer(_json(data), data)
+        return Answer(_json(data))
 
     async def task_stop(self, args: RunRef) -> Answer:
         store = self.project.store
@@ -231,7 +238,7 @@ class Desk:
         text = _json(rows)
         if stuck:
             text += f"\n{len(stuck)} run(s) did not stop within {STOP_WAIT_S:g}s; call again"
-        return Answer(text, {"runs": rows}, is_error=bool(stuck))
+        return Answer(text, is_error=bool(stuck))
 
     # -- runs --------------------------------------------------------------------------------
     async def list_runs(self, args: ListRunsInput) -> Answer:
@@ -244,7 +251,7 @@ class Desk:
             for r in rows
         ]
         text = "\n".join(lines) or "no runs" + ("" if args.all else " in the last hour")
-        return Answer(text, {"runs": rows})
+        return Answer(text)
 
     async def run_result(self, args: RunRef) -> Answer:
         store = self.project.store
@@ -254,10 +261,16 @@ class Desk:
         full = store.output(rec.run_id)
         if full is not None:
             res.summary = full
-        head = f"{rec.run_id} {rec.agent} {rec.isolation} {rec.status.value}"
+        u = rec.usage
+        lines = [
+            f"{rec.run_id} {rec.agent} {rec.isolation} {rec.status.value} · turns {u.turns} · "
+            f"tools {u.tool_uses} · tokens {u.input_tokens} in / {u.output_tokens} out"
+        ]
         if res.error:
-            head += f"\nerror: {res.error}"
-        return Answer(f"{head}\n{res.summary or '(no text yet)'}", res.model_dump(mode="json"))
+            lines.append(f"error: {res.error}")
+        lines += [_branch_line(a) for a in rec.artifacts if a.get("kind") == "branch"]
+        lines.append(res.summary or "(no text yet)")
+        return Answer("\n".join(lines))
 
     async def run_logs(self, args: RunLogsInput) -> Answer:
         store = self.project.store
@@ -269,7 +282,7 @@ class Desk:
             said = summary(kind, data, feed.children) if isinstance(data, dict) else as_text(data)
             who = f"{short(e.get('run_id'))}/{feed.agent(str(e.get('run_id')))}"
             lines.append(f"{when(float(e['at']))} {who} {kind} {said}")
-        return Answer("\n".join(lines) or "no events yet", {"events": events})
+        return Answer("\n".join(lines) or "no events yet")
 
     # -- branches ----------------------------------------------------------------------------
     def _branch_of(self, target: str) -> str:
@@ -290,7 +303,7 @@ class Desk:
             f"{info.branch} ({info.run_id or 'no run'}): {info.ahead} ahead, {info.behind} behind "
             f"your HEAD · {info.files_changed} files +{info.insertions} -{info.deletions}"
         )
-        return Answer(f"{head}\n{diff}", {**info.model_dump(), "diff": diff})
+        return Answer(f"{head}\n{diff}")
 
     async def merge_branch(self, args: MergeInput) -> Answer:
         """As `orch worktrees merge`, without its --stash or --allow-control-files: a dirty
@@ -307,4 +320,4 @@ class Desk:
             )
         if report.warning:
             text += f"\n{report.warning}"
-        return Answer(text, report.model_dump())
+        return Answer(text)

@@ -5,7 +5,7 @@ are orch's ways in: ``task``, ``task_output``, ``task_stop``, ``list_runs``, ``r
 Each tool is a pydantic input model (its schema is the tool's ``inputSchema``, and every
 call is validated against it) and a method of :class:`~.desk.Desk`. Whatever a call
 fails on becomes one line in an ``isError`` result, never a traceback; every string the
-server sends (text and structured data) has its control characters written out
+server sends has its control characters written out
 (``orchestrator/untrusted.py``): models and sandboxes wrote most of them.
 """
 
@@ -103,21 +103,9 @@ TOOLS: dict[str, Entry] = {
 }
 
 
-def _safe(value: Any) -> Any:
-    """``value`` with every string in it (keys too) shown: controls written out."""
-    if isinstance(value, str):
-        return shown(value, multiline=True)
-    if isinstance(value, dict):
-        return {_safe(k): _safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_safe(v) for v in value]
-    return value
-
-
 def _result(answer: Answer) -> types.CallToolResult:
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=_safe(answer.text))],
-        structured_content=_safe(answer.data) if answer.data is not None else None,
+        content=[types.TextContent(type="text", text=shown(answer.text, multiline=True))],
         is_error=answer.is_error,
     )
 
