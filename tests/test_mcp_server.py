@@ -291,3 +291,73 @@ def test_sigint_from_the_client_stops_the_server_and_its_runs(repo: Path) -> Non
     db = store(repo)
     run = db.list_runs()[0]
     assert db.require_run(run.run_id).status == RunStatus.CANCELLED
+
+
+def test_an_untrusted_repository_gets_no_hook_and_no_unsandboxed_run_through_mcp(
+    tmp_path: Path,
+) -> None:
+    need_bwrap()
+    marker = tmp_path / "hook-ran"
+    hook = f'[[hooks.PreToolUse]]\nmatcher = "^bash$"\ncommand = "touch {marker}"\n'
+    repo = init_repo(
+        tmp_path / "clone", {"orch.toml": hook + '[sandbox]\nos = "off"\n', "README.md": "hi\n"}
+    )
+    bash = {
+        "agent": "general",
+        "depth": 0,
+        "turns": [
+            {"tool_calls": [{"tool": "bash", "input": {"command": "echo hello"}}]},
+            {"expect_result": "hello", "text": "done"},
+        ],
+    }
+    script = write_script(repo, {"conversations": [bash]})
+
+    async def go() -> str:
+        async with server(repo, script) as s:
+            got = await s.call_tool("task", {"prompt": "say hello"})
+            assert ended(got)[1] == "succeeded", text(got)
+            return ended(got)[0]
+
+    run_id = asyncio.run(go())
+    assert not marker.exists()  # the repository's hook did not run
+    assert store(repo).require_run(run_id).workspace["os_sandbox"] == "bwrap"
+
+
+def hwm_mb(pid: int) -> float:
+    """A process's peak resident memory so far, in MiB."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if "VmHWM" in x)
+    return int(line.split()[1]) / 1024
+
+
+def test_an_oversized_client_message_is_dropped_unbuffered_and_the_server_goes_on(
+    repo: Path,
+) -> None:
+    script = write_script(repo, {"conversations": []})
+
+    async def go() -> tuple[bytes, float, float]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
+            "--model", f"scripted:{script}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
+        )  # fmt: skip
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+        await proc.stdin.drain()
+        await asyncio.wait_for(proc.stdout.readline(), 60)
+        before = hwm_mb(proc.pid)
+        chunk = b"a" * (1 << 20)
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":9,"method":"ping","params":{"x":"')
+        for _ in range(96):  # 96 MiB without a newline, then the rest of it
+            proc.stdin.write(chunk)
+            await proc.stdin.drain()
+        proc.stdin.write(b'"}}\n{"jsonrpc":"2.0","id":2,"method":"ping"}\n')
+        await proc.stdin.drain()
+        answer = await asyncio.wait_for(proc.stdout.readline(), 60)
+        after = hwm_mb(proc.pid)
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        return answer, before, after
+
+    answer, before, after = asyncio.run(go())
+    assert json.loads(answer)["id"] == 2  # the ping after it, answered; none for the huge one
+    assert after - before < 40, (before, after)  # never held whole (96 MiB)
