@@ -361,3 +361,35 @@ def test_an_oversized_client_message_is_dropped_unbuffered_and_the_server_goes_o
     answer, before, after = asyncio.run(go())
     assert json.loads(answer)["id"] == 2  # the ping after it, answered; none for the huge one
     assert after - before < 40, (before, after)  # never held whole (96 MiB)
+
+
+def test_a_task_resumes_an_ended_root_run_on_its_branch(repo: Path) -> None:
+    edit = {"path": "hello.txt", "old_text": "hi", "new_text": "hi again"}
+    again = {
+        "agent": "general",
+        "depth": 0,
+        "turns": [
+            {"tool_calls": [{"tool": "edit_file", "input": edit}]},
+            {"text": "edited hello.txt"},
+        ],
+    }
+    script = write_script(repo, {"conversations": [writer(), again]})
+
+    async def go() -> tuple[str, str, str]:
+        async with server(repo, script) as s:
+            first = await s.call_tool(
+                "task", {"prompt": "write hello.txt", "isolation": "worktree"}
+            )
+            old = ended(first)[0]
+            got = await s.call_tool("task", {"prompt": "now edit it", "resume": old[:8]})
+            assert not got.is_error, text(got)
+            new, status = ended(got)
+            assert status == "succeeded" and f"resumed {old}" in text(got)
+            child = await s.call_tool("task", {"prompt": "x", "resume": "r-nope"})
+            assert child.is_error and "no run 'r-nope'" in text(child)
+            return old, new, text(got).split("[branch ")[1].split(" ")[0]
+
+    old, new, branch = asyncio.run(go())
+    assert new != old
+    assert git(repo, "show", f"{branch}:hello.txt") == "hi again"
+    assert store(repo).require_run(new).resumed_from == old
