@@ -98,7 +98,9 @@ def test_a_worktree_task_returns_its_branch_and_every_tool_answers(repo: Path) -
         async with server(repo, script) as s:
             listed = await s.list_tools()
             assert {t.name for t in listed.tools} == TOOLS
-            schema = next(t for t in listed.tools if t.name == "task").input_schema
+            task = next(t for t in listed.tools if t.name == "task")
+            assert "- explorer:" in (task.description or "")  # the agents it may start
+            schema = task.input_schema
             assert {"prompt", "isolation", "run_in_background", "resume"} <= set(
                 schema["properties"]
             )

@@ -22,6 +22,9 @@ from types import TracebackType
 from typing import Any
 
 from ..branches import find_branch, merge
+from ..catalog.agent_trust import guard
+from ..catalog.definitions import load_catalog
+from ..catalog.guidance import agent_catalog
 from ..engine.delegation import format_child_result
 from ..engine.runner import Runner
 from ..errors import NotFound, UsageError
@@ -31,6 +34,7 @@ from ..process.detach import detach
 from ..process.events import Feed, as_text, short, summary, when
 from ..process.listing import ps_rows
 from ..process.opened import Project, find_run
+from ..process.rebuild import agents_dirs
 from ..process.reconcile import reconcile
 from ..process.stopping import cancel_tree
 from ..project.repo import discover_sync
@@ -102,6 +106,16 @@ class Desk:
         self.project.store.close()
 
     # -- the runner ------------------------------------------------------------------------
+    def agents(self) -> str:
+        """The agents a ``task`` may start (``subagent_type``), a line each, as orch's own
+        agents see them in their ``task`` tool."""
+        if self._runner is not None:
+            catalog = self._runner.catalog
+        else:
+            dirs = agents_dirs(self.project.root, self.project.settings, self.agents_dirs)
+            catalog = guard(self.project.trust, load_catalog(self.project.root, agents_dirs=dirs))
+        return agent_catalog(catalog.agents.values())
+
     async def runner(self) -> Runner:
         if self._runner is None:
             provider = ModelProvider(self.project.settings, self.model_spec)

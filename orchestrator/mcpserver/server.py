@@ -136,10 +136,15 @@ def build(desk: Desk) -> Server[dict[str, Any]]:
     async def list_tools(
         ctx: ServerRequestContext[dict[str, Any]], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        agents = "\nAgents (subagent_type):\n" + desk.agents()
         return types.ListToolsResult(
             tools=[
                 types.Tool(
-                    name=n, description=e.description, input_schema=e.model.model_json_schema()
+                    name=n,
+                    description=shown(
+                        e.description + (agents if n == "task" else ""), multiline=True
+                    ),
+                    input_schema=e.model.model_json_schema(),
                 )
                 for n, e in TOOLS.items()
             ]
