@@ -395,3 +395,37 @@ def test_a_task_resumes_an_ended_root_run_on_its_branch(repo: Path) -> None:
     assert new != old
     assert git(repo, "show", f"{branch}:hello.txt") == "hi again"
     assert store(repo).require_run(new).resumed_from == old
+
+
+def test_merges_at_once_lose_nothing_of_the_users_branch(repo: Path) -> None:
+    def writes(k: int) -> dict[str, Any]:
+        call = {"tool": "write_file", "input": {"path": f"f{k}.txt", "content": f"{k}\n"}}
+        return {
+            "agent": "general",
+            "depth": 0,
+            "prompt": f"file {k}$",
+            "turns": [{"tool_calls": [call]}, {"text": f"wrote f{k}.txt"}],
+        }
+
+    n = 6
+    script = write_script(repo, {"conversations": [writes(k) for k in range(n)]})
+
+    async def go() -> list[CallToolResult]:
+        async with server(repo, script) as s:
+            runs = [
+                ended(await s.call_tool("task", {"prompt": f"file {k}", "isolation": "worktree"}))[
+                    0
+                ]
+                for k in range(n)
+            ]
+            merges = [
+                s.call_tool("merge_branch", {"target": r, "squash": k % 2 == 1})
+                for k, r in enumerate(runs)
+            ]
+            return list(await asyncio.gather(*merges))
+
+    results = asyncio.run(go())
+    assert [r.is_error for r in results] == [False] * n, [text(r) for r in results]
+    tree = git(repo, "ls-tree", "--name-only", "HEAD").split()
+    assert {f"f{k}.txt" for k in range(n)} <= set(tree)  # every merge's file is in HEAD
+    assert git(repo, "status", "--porcelain") == ""  # nothing left behind in the checkout
