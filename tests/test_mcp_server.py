@@ -429,3 +429,29 @@ def test_merges_at_once_lose_nothing_of_the_users_branch(repo: Path) -> None:
     tree = git(repo, "ls-tree", "--name-only", "HEAD").split()
     assert {f"f{k}.txt" for k in range(n)} <= set(tree)  # every merge's file is in HEAD
     assert git(repo, "status", "--porcelain") == ""  # nothing left behind in the checkout
+
+
+def test_an_untrusted_repository_cannot_make_orch_read_a_file_as_a_model_script(
+    tmp_path: Path,
+) -> None:
+    need_bwrap()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("line1\nline2: x: y\n")  # YAML that fails on a line it would quote
+    toml = f'model = "scripted:{secret}"\n[model_aliases]\nfast = "scripted:{secret}"\n'
+    repo = init_repo(tmp_path / "clone", {"orch.toml": toml, "README.md": "hi\n"})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "orchestrator", "mcp", "-C", str(repo)], env=env()
+    )
+
+    async def go() -> list[str]:
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            said = []
+            for args in ({"prompt": "x"}, {"prompt": "x", "model": "fast"}):
+                got = await s.call_tool("task", args)
+                assert got.is_error
+                said.append(text(got))
+            return said
+
+    for said in asyncio.run(go()):
+        assert "line2" not in said and "secret.txt" not in said, said

@@ -134,7 +134,7 @@ class Desk:
     # -- task, task_output, task_stop ------------------------------------------------------
     async def task(self, args: TaskInput, progress: Progress) -> Answer:
         project = self.project
-        if args.model is not None and whole_run(args.model):
+        if args.model is not None and whole_run(project.settings.resolve_model(args.model)):
             raise UsageError(
                 f"model {args.model!r} plays a whole run (a script): start the server with "
                 "`orch mcp --model ...` instead, or name a model alias or id"
