@@ -57,10 +57,19 @@ def env() -> dict[str, str]:
 
 
 @asynccontextmanager
-async def server(repo: Path, script: Path) -> AsyncIterator[ClientSession]:
+async def server(repo: Path, script: Path, *flags: str) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "orchestrator", "mcp", "-C", str(repo), "--model", f"scripted:{script}"],
+        args=[
+            "-m",
+            "orchestrator",
+            "mcp",
+            "-C",
+            str(repo),
+            "--model",
+            f"scripted:{script}",
+            *flags,
+        ],
         env=env(),
         cwd=str(repo),
     )
@@ -455,3 +464,36 @@ def test_an_untrusted_repository_cannot_make_orch_read_a_file_as_a_model_script(
 
     for said in asyncio.run(go()):
         assert "line2" not in said and "secret.txt" not in said, said
+
+
+def test_a_clients_runs_get_a_branch_unless_the_user_allows_the_checkout(repo: Path) -> None:
+    (repo / ".orch" / "agents").mkdir(parents=True)
+    (repo / ".orch" / "agents" / "boxed.md").write_text(
+        "---\nname: boxed\ndescription: works in a container\nisolation: container\n---\nhi\n"
+    )
+    git(repo, "add", ".orch/agents/boxed.md")
+    git(repo, "commit", "-q", "-m", "agent")
+    slow = writer("slow", latency=30, runs="*") | {"prompt": "slow"}
+    script = write_script(repo, {"conversations": [slow, writer(runs="*")]})
+
+    async def go() -> None:
+        async with server(repo, script, "--max-live", "1") as s:
+            got = await s.call_tool("task", {"prompt": "write hello.txt"})
+            assert "[branch orch/" in text(got)  # no isolation asked: a worktree
+            assert not (repo / "hello.txt").exists()
+            shared = await s.call_tool("task", {"prompt": "x", "isolation": "shared"})
+            assert shared.is_error and "--allow-shared" in text(shared)
+            weaker = await s.call_tool(
+                "task", {"prompt": "x", "subagent_type": "boxed", "isolation": "worktree"}
+            )
+            assert weaker.is_error and "isolation container" in text(weaker), text(weaker)
+            bg = await s.call_tool("task", {"prompt": "slow", "run_in_background": True})
+            assert not bg.is_error, text(bg)
+            more = await s.call_tool("task", {"prompt": "slow", "run_in_background": True})
+            assert more.is_error and "at most 1" in text(more), text(more)
+            await s.call_tool("task_stop", {"task_id": json.loads(text(bg))["task_id"]})
+        async with server(repo, script, "--allow-shared") as s:
+            got = await s.call_tool("task", {"prompt": "write hello.txt", "isolation": "shared"})
+            assert not got.is_error and (repo / "hello.txt").read_text() == "hi\n"
+
+    asyncio.run(go())

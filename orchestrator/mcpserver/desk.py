@@ -23,7 +23,7 @@ from typing import Any
 
 from ..branches import find_branch, merge
 from ..catalog.agent_trust import guard
-from ..catalog.definitions import load_catalog
+from ..catalog.definitions import Catalog, load_catalog
 from ..catalog.guidance import agent_catalog
 from ..engine.delegation import format_child_result
 from ..engine.runner import Runner
@@ -51,6 +51,7 @@ from .inputs import (
     TaskInput,
     TaskOutputInput,
 )
+from .limits import ServerLimits, check_room, tier_for
 
 Progress = Callable[[float, str], Awaitable[None]]  # (seconds so far, what the run is doing)
 PROGRESS_EVERY_S = 2.0
@@ -85,8 +86,11 @@ class Desk:
     project: Project
     agents_dirs: list[Path] = field(default_factory=list)
     model_spec: str | None = None  # `orch mcp --model`: the default model of its runs
-    runs: dict[str, asyncio.Task[RunRecord]] = field(default_factory=dict)
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    runs: dict[str, asyncio.Task[RunRecord]] = field(default_factory=dict)  # foreground
+    started: list[str] = field(default_factory=list)  # every run it started
     _runner: Runner | None = None
+    _catalog: Catalog | None = None
     _exit: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
     async def __aenter__(self) -> Desk:
@@ -106,15 +110,20 @@ class Desk:
         self.project.store.close()
 
     # -- the runner ------------------------------------------------------------------------
+    def catalog(self) -> Catalog:
+        """The project's agents under its trust, as ``orch task`` loads them."""
+        if self._runner is not None:
+            return self._runner.catalog
+        if self._catalog is None:
+            dirs = agents_dirs(self.project.root, self.project.settings, self.agents_dirs)
+            found = load_catalog(self.project.root, agents_dirs=dirs)
+            self._catalog = guard(self.project.trust, found)
+        return self._catalog
+
     def agents(self) -> str:
         """The agents a ``task`` may start (``subagent_type``), a line each, as orch's own
         agents see them in their ``task`` tool."""
-        if self._runner is not None:
-            catalog = self._runner.catalog
-        else:
-            dirs = agents_dirs(self.project.root, self.project.settings, self.agents_dirs)
-            catalog = guard(self.project.trust, load_catalog(self.project.root, agents_dirs=dirs))
-        return agent_catalog(catalog.agents.values())
+        return agent_catalog(self.catalog().agents.values())
 
     async def runner(self) -> Runner:
         if self._runner is None:
@@ -139,20 +148,23 @@ class Desk:
                 f"model {args.model!r} plays a whole run (a script): start the server with "
                 "`orch mcp --model ...` instead, or name a model alias or id"
             )
+        live = [r for r in self.started if not project.store.require_run(r).status.ended]
+        check_room(len(live), self.limits)
         if args.resume:
             spec = self._resumed(args)
         else:
-            config = tier_config(args.isolation) if args.isolation else None
-            if config is not None and config.needs_git and not (project.root / ".git").exists():
+            agent = self.catalog().agent(args.subagent_type or "general")
+            isolation = tier_for(args.isolation, agent, self.limits)
+            if tier_config(isolation).needs_git and not (project.root / ".git").exists():
                 raise UsageError(
-                    f"isolation {args.isolation} needs a git repository: start orch mcp in one "
-                    "(or `git init` and commit), or use isolation shared"
+                    f"isolation {isolation} needs a git repository: start orch mcp in one "
+                    "(or `git init` and commit)"
                 )
             spec = root_spec(
                 project,
                 args.prompt,
-                agent=args.subagent_type or "general",
-                isolation=args.isolation,
+                agent=agent.name,
+                isolation=isolation,
                 background=args.run_in_background,
                 description=args.description,
             )
@@ -160,6 +172,7 @@ class Desk:
                 spec = spec.model_copy(update={"model": args.model})
         runner = await self.runner()
         handle = await runner.spawn(spec)
+        self.started.append(handle.record.run_id)
         if spec.background:
             root, store, setting = project.root, project.store, project.settings.store
             record = await asyncio.to_thread(detach, root, handle.record, store, setting)
@@ -179,6 +192,11 @@ class Desk:
         if old.parent_run_id is not None:
             raise UsageError(
                 f"{old.run_id} is a child run: its parent agent resumes it; resume a root run"
+            )
+        if old.isolation == "shared" and not self.limits.allow_shared:
+            raise UsageError(
+                f"{old.run_id} ran in your checkout (isolation shared), which is off for MCP "
+                "clients; resume it with `orch resume`, or start the server with --allow-shared"
             )
         return RunSpec(
             prompt=args.prompt,
