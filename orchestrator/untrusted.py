@@ -6,6 +6,7 @@ client's text content). ``cli/safe.py`` adds Rich's side; the rules are there.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
 _ONE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
@@ -31,3 +32,22 @@ def shown(value: object, *, multiline: bool = False) -> str:
     if multiline:
         return _MULTI_LINE.sub(_written_out, text.replace("\r\n", "\n"))
     return _ONE_LINE.sub(_written_out, text)
+
+
+def _invisible(ch: str) -> bool:
+    code = ord(ch)
+    return (
+        unicodedata.category(ch) == "Cf"  # zero-width, tags (U+E0000-E007F), soft hyphen...
+        or 0xFE00 <= code <= 0xFE0F  # variation selectors
+        or 0xE0100 <= code <= 0xE01EF
+    )
+
+
+def for_model(value: object) -> str:
+    """``value`` as :func:`shown` (multi-line) writes it, and every character a reader cannot
+    see written out too (format characters, Unicode tags, variation selectors): text an MCP
+    client's model reads can carry nothing a person looking at it would not see."""
+    text = shown(value, multiline=True)
+    if text.isascii():
+        return text
+    return "".join(f"\\u{ord(c):04x}" if _invisible(c) else c for c in text)

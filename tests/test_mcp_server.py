@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -497,3 +498,61 @@ def test_a_clients_runs_get_a_branch_unless_the_user_allows_the_checkout(repo: P
             assert not got.is_error and (repo / "hello.txt").read_text() == "hi\n"
 
     asyncio.run(go())
+
+
+def test_invisible_characters_and_lone_surrogates_reach_no_client(repo: Path) -> None:
+    hidden = "see\u200b\U000e0041\U000e0042\ufe0f\u202e end"
+    script = write_script(repo, {"conversations": [writer(hidden, runs="*")]})
+
+    async def go() -> None:
+        async with server(repo, script) as s:
+            got = await s.call_tool("task", {"prompt": "write hello.txt", "description": hidden})
+            said = text(got)
+            assert "\\u200b\\ue0041\\ue0042\\ufe0f\\u202e" in said.replace("\\U000", "\\u"), said
+            assert not any(ord(c) > 0xFFFF or c in "\u200b\ufe0f\u202e" for c in said)
+            rows = text(await s.call_tool("list_runs", {}))
+            assert "\u200b" not in rows and "\\u200b" in rows
+
+    asyncio.run(go())
+
+    async def raw() -> dict[str, Any]:  # a lone surrogate (the SDK's client cannot send one)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
+            "--model", f"scripted:{script}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
+        )  # fmt: skip
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(
+            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'
+            b'"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
+            b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+            b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"task",'
+            b'"arguments":{"prompt":"hello \\ud800 there"}}}\n'
+        )
+        await proc.stdin.drain()
+        while (answer := json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))).get(
+            "id"
+        ) != 2:
+            pass
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), 60)
+        got: dict[str, Any] = answer
+        return got
+
+    answer = asyncio.run(raw())
+    assert "[task r-" in answer["result"]["content"][0]["text"], answer  # answered, not lost
+
+
+def test_without_a_client_on_stdin_the_server_says_so_and_exits(repo: Path) -> None:
+    def run(stdin: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo)],
+            stdin=stdin, capture_output=True, text=True, env=env(), timeout=60,
+        )  # fmt: skip
+
+    with open(repo / "README.md") as a_file:
+        runs = [run(subprocess.DEVNULL), run(a_file)]
+    for got in runs:
+        assert got.returncode == 2 and got.stdout == ""
+        [line] = got.stderr.splitlines()
+        assert line.startswith("orch: orch mcp talks MCP over a pipe"), line

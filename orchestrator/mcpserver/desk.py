@@ -25,6 +25,7 @@ from ..branches import find_branch, merge
 from ..catalog.agent_trust import guard
 from ..catalog.definitions import Catalog, load_catalog
 from ..catalog.guidance import agent_catalog
+from ..engine.agent import cut
 from ..engine.delegation import format_child_result
 from ..engine.runner import Runner
 from ..errors import NotFound, UsageError
@@ -301,7 +302,9 @@ class Desk:
         if res.error:
             lines.append(f"error: {res.error}")
         lines += [_branch_line(a) for a in rec.artifacts if a.get("kind") == "branch"]
-        lines.append(res.summary or "(no text yet)")
+        where = f"the whole output: `orch result {rec.run_id} --json`"
+        limit = self.project.settings.child_output_limit
+        lines.append(cut(res.summary, limit, where) or "(no text yet)")
         return Answer("\n".join(lines))
 
     async def run_logs(self, args: RunLogsInput) -> Answer:

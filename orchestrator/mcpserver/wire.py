@@ -15,6 +15,8 @@ import asyncio
 import fcntl
 import logging
 import os
+import re
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +24,20 @@ from typing import Any
 from ..errors import UsageError
 
 MAX_MESSAGE = 8 * 1024 * 1024  # bytes of one JSON-RPC message from the client
+# a JSON escape of a lone UTF-16 surrogate (valid JSON, no valid text: the SDK drops such a
+# request without an answer); an escaped backslash is matched first so it is never split
+_ESCAPES = re.compile(
+    r"(\\\\)|(\\u[dD][89abAB][0-9a-fA-F]{2})(\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
+    r"|(\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def _no_lone_surrogate(m: re.Match[str]) -> str:
+    if m.group(1) or (m.group(2) and m.group(3)):
+        return m.group(0)
+    return "\\ufffd"
+
+
 log = logging.getLogger("orch.mcp")
 
 
@@ -45,7 +61,8 @@ class Lines:
             except asyncio.LimitOverrunError:
                 await self._skip_long()
                 continue
-            return line.decode("utf-8", errors="replace")
+            text = line.decode("utf-8", errors="replace")
+            return _ESCAPES.sub(_no_lone_surrogate, text) if "\\u" in text else text
 
     async def _skip_long(self) -> None:
         """Drop a message over the limit, up to its newline (never holding it whole)."""
@@ -67,10 +84,21 @@ class Out:
         self.writer = writer
 
     async def write(self, text: str) -> None:
-        self.writer.write(text.encode("utf-8"))
+        self.writer.write(text.encode("utf-8", "replace"))  # a lone surrogate: never a lost answer
 
     async def flush(self) -> None:
         await self.writer.drain()
+
+
+def _check_stdin() -> None:
+    """A client talks to its server over a pipe (or a socket, or a terminal by hand)."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        raise UsageError("orch mcp has no stdin; let an MCP client start it") from None
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(0):
+        return
+    raise UsageError("orch mcp talks MCP over a pipe from its client, not a file or a device")
 
 
 def _divert() -> tuple[int, int]:
@@ -87,6 +115,7 @@ def _divert() -> tuple[int, int]:
 @asynccontextmanager
 async def stdio_pipes() -> AsyncIterator[tuple[Any, Any]]:
     """``(stdin, stdout)`` for ``stdio_server(stdin, stdout)``; fds 0 and 1 restored after."""
+    _check_stdin()
     saved = (os.dup(0), os.dup(1))
     rfd, wfd = _divert()
     loop = asyncio.get_running_loop()
@@ -99,9 +128,9 @@ async def stdio_pipes() -> AsyncIterator[tuple[Any, Any]]:
             wt, wp = await loop.connect_write_pipe(
                 asyncio.streams.FlowControlMixin, os.fdopen(wfd, "wb", 0)
             )
-        except ValueError as e:  # a regular file: not a pipe, socket or terminal
+        except (ValueError, OSError) as e:  # what _check_stdin let through, and epoll refused
             raise UsageError(
-                f"orch mcp talks MCP over pipes, not files ({e}); let an MCP client start it"
+                f"orch mcp cannot read its stdin ({e}); let an MCP client start it"
             ) from None
         writer = asyncio.StreamWriter(wt, wp, None, loop)
         try:
