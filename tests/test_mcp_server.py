@@ -79,6 +79,15 @@ async def server(repo: Path, script: Path, *flags: str) -> AsyncIterator[ClientS
         yield session
 
 
+async def raw_server(repo: Path, script: Path) -> asyncio.subprocess.Process:
+    """The server with pipes of our own, for what the SDK's client cannot send."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
+        "--model", f"scripted:{script}",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
+    )  # fmt: skip
+
+
 def text(result: CallToolResult) -> str:
     return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
 
@@ -277,11 +286,7 @@ def test_sigint_from_the_client_stops_the_server_and_its_runs(repo: Path) -> Non
     script = write_script(repo, {"conversations": [writer("never", latency=60)]})
 
     async def go() -> int:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
-            "--model", f"scripted:{script}",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
-        )  # fmt: skip
+        proc = await raw_server(repo, script)
         assert proc.stdin and proc.stdout
         init = (
             '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'
@@ -347,11 +352,7 @@ def test_an_oversized_client_message_is_dropped_unbuffered_and_the_server_goes_o
     script = write_script(repo, {"conversations": []})
 
     async def go() -> tuple[bytes, float, float]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
-            "--model", f"scripted:{script}",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
-        )  # fmt: skip
+        proc = await raw_server(repo, script)
         assert proc.stdin and proc.stdout
         proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
         await proc.stdin.drain()
@@ -516,11 +517,7 @@ def test_invisible_characters_and_lone_surrogates_reach_no_client(repo: Path) ->
     asyncio.run(go())
 
     async def raw() -> dict[str, Any]:  # a lone surrogate (the SDK's client cannot send one)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator", "mcp", "-C", str(repo),
-            "--model", f"scripted:{script}",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env(),
-        )  # fmt: skip
+        proc = await raw_server(repo, script)
         assert proc.stdin and proc.stdout
         proc.stdin.write(
             b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'

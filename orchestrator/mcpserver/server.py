@@ -28,16 +28,8 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import OrchError
 from ..untrusted import for_model
+from . import inputs as given
 from .desk import Answer, Desk, Progress
-from .inputs import (
-    BranchInput,
-    ListRunsInput,
-    MergeInput,
-    RunLogsInput,
-    RunRef,
-    TaskInput,
-    TaskOutputInput,
-)
 from .wire import stdio_pipes
 
 log = logging.getLogger("orch.mcp")
@@ -62,40 +54,40 @@ class Entry:
 
 TOOLS: dict[str, Entry] = {
     "task": Entry(
-        TaskInput,
+        given.TaskInput,
         "Start an orch agent on a self-contained prompt and wait for its answer (or, with "
         "run_in_background, get a task_id at once). isolation: shared, worktree (own git "
         "branch: the result names it) or container. resume: an ended root run's id to go on.",
         lambda d, a, p: d.task(a, p),
     ),
     "task_output": Entry(
-        TaskOutputInput,
+        given.TaskOutputInput,
         "The result of a task (a background one): waits for its end unless block is false.",
         lambda d, a, p: d.task_output(a, p),
     ),
     "task_stop": Entry(
-        RunRef, "Cancel a run and all its descendants.", lambda d, a, p: d.task_stop(a)
+        given.RunRef, "Cancel a run and all its descendants.", lambda d, a, p: d.task_stop(a)
     ),
     "list_runs": Entry(
-        ListRunsInput,
+        given.ListRunsInput,
         "The project's runs: running ones and those that ended in the last hour (or all).",
         lambda d, a, p: d.list_runs(a),
     ),
     "run_result": Entry(
-        RunRef,
+        given.RunRef,
         "A run's result: status, final text, usage, evidence, branch.",
         lambda d, a, p: d.run_result(a),
     ),
     "run_logs": Entry(
-        RunLogsInput, "A run's events, one line each.", lambda d, a, p: d.run_logs(a)
+        given.RunLogsInput, "A run's events, one line each.", lambda d, a, p: d.run_logs(a)
     ),
     "branch_diff": Entry(
-        BranchInput,
+        given.BranchInput,
         "The diff of an agent's branch against your HEAD's merge base (control files first).",
         lambda d, a, p: d.branch_diff(a),
     ),
     "merge_branch": Entry(
-        MergeInput,
+        given.MergeInput,
         "Merge an agent's branch into the user's current branch. Refused on a dirty tree, a "
         "conflict, or changes to control files (orch.toml, .orch/, .claude/, .git*, CI, hooks).",
         lambda d, a, p: d.merge_branch(a),
