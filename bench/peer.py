@@ -66,20 +66,20 @@ def _native(cache: Path) -> Path | None:
     return None
 
 
-def ensure_claude(prefix: list[str]) -> tuple[Path, str]:
-    """The Claude Code binary and its version, installing it with npm when missing."""
-    cache = cache_dir()
+def ensure_claude(
+    prefix: list[str], cache: Path | None = None, version: str | None = None
+) -> tuple[Path, str]:
+    """The Claude Code binary and its version, installing it with npm into ``cache`` (default
+    :func:`cache_dir`) when missing; ``version`` (an npm version range) picks which."""
+    cache = cache or cache_dir()
+    version = version or os.environ.get("BENCH_PEER_CC_VERSION") or None
     binary = _native(cache)
     if binary is None:
         npm = shutil.which("npm")
         if npm is None:
             raise Skipped("npm is not installed: cannot install Claude Code")
         cache.mkdir(parents=True, exist_ok=True)
-        spec = PACKAGE + (
-            f"@{os.environ['BENCH_PEER_CC_VERSION']}"
-            if os.environ.get("BENCH_PEER_CC_VERSION")
-            else ""
-        )
+        spec = PACKAGE + (f"@{version}" if version else "")
         print(f"peer: installing {spec} into {cache} ...", file=sys.stderr)
         try:
             got = subprocess.run(

@@ -27,6 +27,7 @@ from git.exc import GitCommandError
 from pydantic import BaseModel, Field
 
 from .errors import NotFound, OrchError, UsageError
+from .policy.controlpaths import is_control_path
 from .project.git import (
     EMPTY_TREE,
     IDENTITY_KEYS,
@@ -44,13 +45,11 @@ from .project.repo import (
     parse_shortstat,
     parse_worktree_list,
     repo_lock,
+    repo_lock_sync,
     short_run_id,
     worktree_entries,
 )
 
-# control paths: a merge that changes one needs allow_control_files
-CONTROL_FILES = frozenset({"orch.toml", ".worktreeinclude", ".envrc", ".pre-commit-config.yaml"})
-CONTROL_DIRS = frozenset({".orch", ".claude", ".githooks", ".husky"})
 CONTROL_FLAG = "--allow-control-files"
 # every diff: no external diff or textconv, and never into a submodule (nor its .gitmodules)
 _DIFF_SAFE = ("--no-textconv", "--no-ext-diff", "--ignore-submodules=dirty")
@@ -192,16 +191,6 @@ def _hooks_dirs(repo: gitpython.Repo, work_tree: Path | None) -> list[str]:
         return []
 
 
-def is_control_path(path: str, hooks_dirs: Sequence[str] = ()) -> bool:
-    """Whether a changed path configures orch, git, CI or hooks (see :data:`CONTROL_FILES`)."""
-    parts = path.split("/")
-    if any(p.startswith(".git") for p in parts):  # .gitattributes/.gitmodules/.github/...
-        return True
-    if parts[-1] in CONTROL_FILES or any(p in CONTROL_DIRS for p in parts):
-        return True
-    return any(d and (path == d or path.startswith(d.rstrip("/") + "/")) for d in hooks_dirs)
-
-
 def _control_changes(
     repo: gitpython.Repo, work_tree: Path | None, base: str, tip: str
 ) -> list[str]:
@@ -292,6 +281,12 @@ def list_branches(repo_root: Path) -> list[WorktreeInfo]:
         return _infos(repo)
 
 
+def find_branch(repo_root: Path, target: str) -> WorktreeInfo:
+    """The ``orch/*`` branch ``target`` names: a branch, a run id, or a run's short id."""
+    with open_repo(discover_sync(repo_root)) as repo:
+        return _pick(_infos(repo), target)
+
+
 # -- merge ----------------------------------------------------------------------------------
 
 
@@ -358,7 +353,7 @@ def merge(
     ``allow_control_files``), would conflict, or the tree is dirty (unless ``stash``).
     """
     where = discover_sync(repo_root)
-    with open_repo(where) as repo:
+    with repo_lock_sync(where.main_root), open_repo(where) as repo:  # one merge at a time
         info = _pick(_infos(repo), run_id_or_branch)
         if info.path:
             raise UsageError(

@@ -28,6 +28,8 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 ``sandbox.user/uid/gid``   any change
 ``sandbox.hidden``         drops a path of the user's list
 ``sandbox.env_whitelist``  adds a variable name
+``model``                  a model that plays a script (``scripted:FILE``): orch would read
+``model_aliases``          that file on the host (and a line of it could show in an error)
 ``executor``, ``ray``      any change: runs (with the API key) would go to a cluster the
                            repository names
 every limit                a numeric setting marked ``LIMIT`` in ``config.py`` (``max_depth``,
@@ -56,8 +58,8 @@ repository's settings applies.
 
 Not gated: ``agents_dirs`` (a repository's list is added after the user's, never instead of
 it: ``config.py``; what its agent files could weaken is checked above), ``sandbox.image``,
-``model``, ``worktree_include`` (files of the repository itself): they steer what runs inside
-the sandbox, never what runs outside.
+``model`` naming a model of an API, ``worktree_include`` (files of the repository itself):
+they steer what runs inside the sandbox, never what runs outside.
 
 ``orch trust`` records the repository (its resolved root) and the SHA-256 of the canonical
 JSON (sorted keys, no spaces, UTF-8) of exactly the gated settings (name → value as validated,
@@ -97,6 +99,8 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 # The top-level keys of orch.toml that hold gated settings (``sandbox`` for its gated keys).
 _GATED_KEYS = (
     "hooks",
+    "model",
+    "model_aliases",
     "network",
     "extra_env",
     "bash_deny",
@@ -316,6 +320,15 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
         theirs.extra_secret_env,
         _drops(_upper(base.extra_secret_env), _upper(theirs.extra_secret_env)),
     )
+    from .models.registry import reads_host  # a script: orch reads that file
+
+    check("model", theirs.model, reads_host(theirs.model) and theirs.model != base.model)
+    scripts = {
+        k: v
+        for k, v in theirs.model_aliases.items()
+        if reads_host(v) and base.model_aliases.get(k) != v
+    }
+    check("model_aliases", scripts, bool(scripts))
     check("executor", theirs.executor, theirs.executor != base.executor)
     check("ray", theirs.ray, theirs.ray != base.ray)
     if theirs.store is not None and theirs.store != base.store:

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.branches import control_changes, is_control_path, list_branches, merge, open_repo
+from orchestrator.branches import control_changes, list_branches, merge, open_repo
 from orchestrator.cli.worktrees import worktrees_app
 from orchestrator.errors import UsageError
+from orchestrator.policy.controlpaths import is_control_path
 from orchestrator.project.git import GitError, RepoPaths, driver_overrides, git, git_sync
 from orchestrator.project.gitprocess import hardened_env, prepare
 from orchestrator.project.repo import (
@@ -388,7 +389,11 @@ def test_worktree_found_through_its_admin_dir(evil: tuple[Path, Plants], tmp_pat
      (".gitmodules", True), (".gitignore", True), (".github/workflows/ci.yml", True),
      (".githooks/pre-commit", True), (".husky/pre-push", True), (".envrc", True),
      (".pre-commit-config.yaml", True), ("src/app.py", False), ("docs/github.md", False),
-     ("hooks/pre-commit", False), ("README.md", False)],
+     ("hooks/pre-commit", False), ("README.md", False), (".mcp.json", True),
+     (".vscode/tasks.json", True), (".devcontainer/devcontainer.json", True),
+     (".cursor/mcp.json", True), (".codex/config.toml", True), (".circleci/config.yml", True),
+     ("Jenkinsfile", True), ("AGENTS.md", True), ("sub/CLAUDE.md", True),
+     ("docs/agents.md", False), ("src/vscode.py", False)],
 )  # fmt: skip
 def test_is_control_path(path: str, control: bool) -> None:
     assert is_control_path(path) is control

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli.logview import Feed, line, when
+from orchestrator.cli.logview import line
+from orchestrator.process.events import Feed, when
 from orchestrator.run import RunRecord, RunStatus, new_run_id, now
 from orchestrator.store import SqliteStore
 from tests.support import orch, wait_for, write_script

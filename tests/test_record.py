@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.common import budget_line
-from orchestrator.cli.runs import ps_row
 from orchestrator.errors import OrchError
+from orchestrator.process.listing import ps_row
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.spec import Budgets, Launch, RunPlan, RunSpec
 from orchestrator.store import SqliteStore

@@ -23,11 +23,11 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.text import Text
 
+from ..process.listing import ps_row, tree_order
 from ..run import RunRecord, RunStatus
 from ..store import RunStore
 from .common import STATUS_STYLE
 from .fit import Column, FitTable, cell
-from .runs import ps_row, tree_order
 from .safe import safe_text, shown
 
 LiveView = Callable[[RunRecord], AbstractContextManager[Any]]

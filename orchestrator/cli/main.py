@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import UsageError
-from ..process.command import make_runner
+from ..process.command import make_runner, root_spec
 from ..process.opened import Project, find_run
 from ..process.reconcile import reconcile
 from ..run import RunRecord, RunResult, RunStatus
@@ -84,36 +84,9 @@ def _register_subapps() -> None:
     from .state import register as register_state
 
     register_state(app)
+    from .mcp import register as register_mcp
 
-
-def root_spec(
-    project: Project,
-    prompt: str,
-    *,
-    agent: str,
-    isolation: str | None,
-    max_depth: int | None = None,
-    max_turns: int | None = None,
-    timeout: float | None = None,
-    background: bool = False,
-    description: str = "",
-) -> RunSpec:
-    from ..spec import Limits, RunSpec
-    from ..workspaces.registry import tier_config
-
-    # An `orch task` started by an agent's command joins that agent's chain as its child
-    # (depth + 1, the chain's limits), never a fresh chain at depth 0.
-    parent = os.environ.get("ORCH_PARENT_RUN_ID") or None
-    return RunSpec(
-        prompt=prompt,
-        agent=agent,
-        description=description,
-        parent_run_id=parent,
-        workdir=project.workdir,
-        workspace=tier_config(isolation) if isolation else None,
-        limits=Limits(max_turns=max_turns, timeout_seconds=timeout, max_depth=max_depth),
-        background=background,
-    )
+    register_mcp(app)
 
 
 def is_git_repo(path: Path) -> bool:

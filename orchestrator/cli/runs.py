@@ -14,12 +14,12 @@ import typer
 from rich.live import Live
 from rich.text import Text
 
-from ..engine.owner import owner_alive, this_node
-from ..errors import OrchError
+from ..engine.owner import this_node
+from ..process.listing import ps_row, ps_rows, tree_order, with_chain_use
 from ..process.opened import find_run
-from ..process.reconcile import reap, reconcile
-from ..run import EXIT_CODES, RunRecord, RunStatus, first_line, now
-from ..store import RunStore
+from ..process.reconcile import reconcile
+from ..process.stopping import cancel_tree, raise_if_stuck
+from ..run import EXIT_CODES, RunRecord, RunStatus, now
 from .common import (
     STATUS_STYLE,
     WorkdirOpt,
@@ -33,79 +33,18 @@ from .common import (
 from .fit import Column, FitTable, cell
 from .safe import safe_text, shown
 
-PS_KEYS = [
-    "run_id",
-    "parent_run_id",
-    "chain_id",
-    "depth",
-    "agent",
-    "status",
-    "isolation",
-    "tool_uses",
-    "input_tokens",
-    "output_tokens",
-    "last_activity",
-    "recent_activities",
-    "summary",
-    "error",
-    "pid",
-    "started_at",
-    "updated_at",
-    "ended_at",
+PS_COLUMNS = [
+    Column("run"),
+    Column("agent"),
+    Column("status"),
+    Column("isolation", drop=2),
+    Column("description", flex=True, least=12),
+    Column("last activity", flex=True, least=12),
+    Column("active", justify="right"),
+    Column("tokens", justify="right", drop=3),
+    Column("tools", justify="right", drop=5),
+    Column("age", justify="right", drop=4),
 ]
-RECENT_S = 3600.0
-ABOUT_CHARS = 200  # a description taken from a prompt's first line
-
-
-def about(description: object, prompt: object) -> str:
-    """What a run is for: its description (the ``task`` call's, or ``--description``), else
-    its prompt's first line (cut at ABOUT_CHARS)."""
-    if isinstance(description, str) and description.strip():
-        return description.strip()
-    first = first_line(prompt if isinstance(prompt, str) else "")
-    return first if len(first) <= ABOUT_CHARS else first[: ABOUT_CHARS - 1] + "…"
-
-
-def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
-    usage = raw.get("usage") or {}
-    act = raw.get("last_activity") if isinstance(raw.get("last_activity"), dict) else {}
-    # the run's last sign of life: a tool call, a model turn, a change of state
-    times = [
-        t for t in (raw.get("updated_at"), (act or {}).get("at")) if isinstance(t, float | int)
-    ]
-    return {
-        **{k: raw.get(k) for k in PS_KEYS if k in raw},
-        "description": about(raw.get("description"), raw.get("prompt")),
-        "node": raw.get("node"),  # where it executes: a host name, or host/ray-<node id>
-        "tool_uses": usage.get("tool_uses", 0),
-        "input_tokens": usage.get("input_tokens", 0),
-        "output_tokens": usage.get("output_tokens", 0),
-        "last_activity": raw.get("last_activity"),
-        "last_activity_at": max(times) if times else None,
-        "recent_activities": raw.get("recent_activities") or [],
-        "summary": (raw.get("summary") or "")[:500],
-        "os_sandbox": (raw.get("workspace") or {}).get("os_sandbox"),
-        "network": (raw.get("workspace") or {}).get("network"),
-        "budgets": (raw.get("plan") or raw.get("options") or {}).get("budgets")
-        if raw.get("depth") == 0
-        else None,
-    }
-
-
-def with_chain_use(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each root row gains ``chain``: its chain's runs, live runs and tokens (of the rows
-    listed) next to the chain's budgets."""
-    use: dict[str, dict[str, int]] = {}
-    for r in rows:
-        u = use.setdefault(str(r.get("chain_id")), {"runs": 0, "live": 0, "tokens": 0})
-        u["runs"] += 1
-        u["live"] += 0 if RunStatus(r["status"]).ended else 1
-        u["tokens"] += r["input_tokens"] + r["output_tokens"]
-    for r in rows:
-        budgets = r.pop("budgets", None)
-        if r.get("depth") == 0:
-            r["chain"] = {**use[str(r.get("chain_id"))], "budgets": budgets}
-    return rows
 
 
 def chain_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -122,38 +61,6 @@ def chain_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{chain['tokens']:,}" + (f"/{cap:,}" if cap else "")
         )
     return lines
-
-
-def tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows grouped by chain, each child right under its parent (depth-first)."""
-    ids = {r["run_id"] for r in rows}
-    kids: dict[str | None, list[dict[str, Any]]] = {}
-    for r in rows:
-        parent = r.get("parent_run_id")
-        kids.setdefault(parent if parent in ids else None, []).append(r)
-    ordered: list[dict[str, Any]] = []
-
-    def walk(parent: str | None) -> None:
-        for r in kids.get(parent, []):
-            ordered.append(r)
-            walk(r["run_id"])
-
-    walk(None)
-    return ordered
-
-
-PS_COLUMNS = [
-    Column("run"),
-    Column("agent"),
-    Column("status"),
-    Column("isolation", drop=2),
-    Column("description", flex=True, least=12),
-    Column("last activity", flex=True, least=12),
-    Column("active", justify="right"),
-    Column("tokens", justify="right", drop=3),
-    Column("tools", justify="right", drop=5),
-    Column("age", justify="right", drop=4),
-]
 
 
 def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
@@ -201,8 +108,7 @@ def ps(
 ) -> None:
     """Runs as a table: running ones and those that ended in the last hour."""
     project = open_project(workdir)
-    raw = project.store.list_raw(since=None if show_all else now() - RECENT_S)
-    rows = with_chain_use(tree_order([ps_row(r) for r in raw]))
+    rows = ps_rows(project.store, show_all=show_all)
     if as_json:
         print_json(rows)
         return
@@ -257,44 +163,14 @@ def cancel(
 ) -> None:
     """Cancel a run and every descendant; returns once they have all stopped."""
     project = open_project(workdir)
-    store = project.store
-    rec = find_run(store, run_id)
-    tree = [rec, *store.descendants(rec.run_id)]
-    live = [r for r in tree if not r.status.ended]
-    store.request_cancel([r.run_id for r in live])
-    deadline = time.monotonic() + wait
-    while live and time.monotonic() < deadline:
-        live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
-        for r in list(live):
-            if not owner_alive(r):  # nobody left to obey the request: do it here
-                _force_cancel(store, r, "owner gone")
-        live = [r for r in (store.require_run(x.run_id) for x in live) if not r.status.ended]
-        if live:
-            time.sleep(0.1)
-    final = [store.require_run(r.run_id) for r in tree]
+    final = cancel_tree(project.store, find_run(project.store, run_id), wait)
     if as_json:
         print_json([{"run_id": r.run_id, "status": r.status.value} for r in final])
     else:
         for r in final:
             style = STATUS_STYLE.get(r.status, "")
             out.print(Text.assemble(safe_text(f"{r.run_id} {r.agent} "), (r.status.value, style)))
-    stuck = [r for r in final if not r.status.ended]
-    if stuck:  # a live owner's resources are never taken from under it
-        pids = ", ".join(sorted({str(r.pid) for r in stuck}))
-        raise OrchError(
-            f"{len(stuck)} run(s) still running: their owner (pid {pids}) did not stop them "
-            f"within {wait:g}s; run `orch cancel` again or stop that process"
-        )
-
-
-def _force_cancel(store: RunStore, record: RunRecord, why: str) -> None:
-    """Cancel a run whose owner is gone: reap what it left, unless it ended meanwhile."""
-    current = store.get_run(record.run_id)
-    if current is None or current.status.ended or owner_alive(current):
-        return
-    actions = reap(store, record.run_id)
-    error = f"cancelled ({why})" + (": " + "; ".join(actions) if actions else "")
-    store.end(record.run_id, RunStatus.CANCELLED, error=error)
+    raise_if_stuck(final, wait)
 
 
 def worker(
@@ -355,7 +231,8 @@ def logs(
     """A run's events, one line each: time, run/agent, event, what it says.
 
     --json prints the raw events: a JSON array, or one object a line with --follow."""
-    from .logview import Feed, line
+    from ..process.events import Feed
+    from .logview import line
 
     project = open_project(workdir)
     store = project.store

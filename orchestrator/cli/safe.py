@@ -20,35 +20,10 @@ non-ASCII character as a ``\\uXXXX`` escape and the text round-trips exactly.
 
 from __future__ import annotations
 
-import re
-
 from rich.markup import escape
 from rich.text import Text
 
-_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
-_ONE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
-_MULTI_LINE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
-_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _written_out(m: re.Match[str]) -> str:
-    ch = m.group()
-    if ch in _NAMED:
-        return _NAMED[ch]
-    code = ord(ch)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def shown(value: object, *, multiline: bool = False) -> str:
-    """``value`` as text with every control and bidi character written out.
-
-    Safe to write to a terminal; NOT safe as Rich markup (use :func:`safe_text`
-    or :func:`safe_markup` for Rich).
-    """
-    text = value if isinstance(value, str) else ("" if value is None else str(value))
-    if multiline:
-        return _MULTI_LINE.sub(_written_out, text.replace("\r\n", "\n"))
-    return _ONE_LINE.sub(_written_out, text)
+from ..untrusted import shown as shown  # re-exported: the CLI shows through this module
 
 
 def safe_text(value: object, style: str = "", *, multiline: bool = False) -> Text:

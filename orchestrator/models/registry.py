@@ -130,6 +130,15 @@ def whole_run(spec: str) -> bool:
     return route(spec).provider.whole_run
 
 
+def reads_host(spec: str) -> bool:
+    """True if ``spec``'s model reads a file on the host (a script, ``scripted:FILE``): a
+    repository's settings may name one only once trusted (``trust.py``)."""
+    try:
+        return whole_run(spec)
+    except UsageError:  # an unknown provider: the run fails on it, with one line
+        return False
+
+
 def portable(spec: str) -> str:
     """``spec`` as a detached process reads it (a script's path made absolute)."""
     found = route(spec)

@@ -8,6 +8,7 @@ run is rebuilt from (``process/rebuild.py``, the one runner factory).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from ..catalog.definitions import Catalog
     from ..engine.runner import Runner
     from ..models import ModelProvider
+    from ..spec import RunSpec
 
 
 def not_dumpable() -> None:
@@ -65,3 +67,34 @@ def make_runner(
         trust=project.trust.honoured_digest,  # a worker never honours more than this
     )
     return attach(assemble(project.settings, project.store, catalog, provider, launch))
+
+
+def root_spec(
+    project: Project,
+    prompt: str,
+    *,
+    agent: str,
+    isolation: str | None,
+    max_depth: int | None = None,
+    max_turns: int | None = None,
+    timeout: float | None = None,
+    background: bool = False,
+    description: str = "",
+) -> RunSpec:
+    """The spec of a root run a command asks for."""
+    from ..spec import Limits, RunSpec
+    from ..workspaces.registry import tier_config
+
+    # An `orch task` started by an agent's command joins that agent's chain as its child
+    # (depth + 1, the chain's limits), never a fresh chain at depth 0.
+    parent = os.environ.get("ORCH_PARENT_RUN_ID") or None
+    return RunSpec(
+        prompt=prompt,
+        agent=agent,
+        description=description,
+        parent_run_id=parent,
+        workdir=project.workdir,
+        workspace=tier_config(isolation) if isolation else None,
+        limits=Limits(max_turns=max_turns, timeout_seconds=timeout, max_depth=max_depth),
+        background=background,
+    )

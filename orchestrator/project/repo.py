@@ -18,7 +18,7 @@ import os
 import re
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from ..errors import OrchError, UsageError
@@ -137,6 +137,18 @@ def _flock_acquire(main_root: Path) -> int:
                     "check for a stuck orch process"
                 ) from None
             time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def repo_lock_sync(main_root: Path) -> Iterator[None]:
+    """:func:`repo_lock` for synchronous callers (a merge, in a thread of its own): the same
+    file lock, so a merge excludes worktree add/remove and every other merge, in this process
+    and in others."""
+    fd = _flock_acquire(main_root)
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def _close_fd_when_done(task: asyncio.Future[int]) -> None:
