@@ -279,6 +279,18 @@ class RaySettings(BaseModel):
     cancel_grace_s: float = Field(default=30.0, ge=0, json_schema_extra=_RAY)
 
 
+class McpSettings(BaseModel):
+    """A run's MCP servers (``[mcp]``): how long they may take and how much they may say."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_timeout_s: float = Field(default=30.0, gt=0, json_schema_extra=LIMIT)  # to its tools
+    call_timeout_s: float = Field(default=120.0, gt=0, json_schema_extra=LIMIT)  # one tool call
+    max_line_bytes: int = Field(default=1 << 20, ge=1024, json_schema_extra=LIMIT)  # one message
+    max_tools: int = Field(default=100, ge=1, json_schema_extra=LIMIT)  # offered per server
+    max_schema_bytes: int = Field(default=16_384, ge=256, json_schema_extra=LIMIT)  # per tool
+
+
 # What ``executor`` chooses between: each config's ``type`` names its executor.
 ExecutionConfig = LocalExecution | RaySettings
 
@@ -345,6 +357,7 @@ class Settings(BaseModel):
     project_memory: bool = True
     agents_dirs: list[str] = Field(default_factory=list)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     # Where worktree and container runs execute: "local" (this process) or "ray" (a node of
     # the Ray cluster at ray.address; the store must be one every node reaches).
     executor: Literal["local", "ray"] = "local"

@@ -275,10 +275,11 @@ def gate(
     if honoured:
         return repo, trust
     kept = {k: v for k, v in repo.items() if k not in relevant}
-    sandbox_keys = [k.removeprefix("sandbox.") for k in relevant if k.startswith("sandbox.")]
-    if sandbox_keys:
-        without = base.sandbox.model_dump(mode="json")
-        kept["sandbox"] = {**repo["sandbox"], **{k: without[k] for k in sandbox_keys}}
+    for table in ("sandbox", "mcp"):  # a table's gated keys go back to the user's, one by one
+        subs = [k.removeprefix(f"{table}.") for k in relevant if k.startswith(f"{table}.")]
+        if subs:
+            without = getattr(base, table).model_dump(mode="json")
+            kept[table] = {**repo[table], **{k: without[k] for k in subs}}
     return kept, trust
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from orchestrator.errors import OrchError
 from orchestrator.workspaces.base import (
     FileRead,
     ProcessResult,
@@ -23,6 +24,7 @@ from orchestrator.workspaces.base import (
     Workspace,
     WorkspaceSpec,
 )
+from orchestrator.workspaces.piped import Piped
 
 Command = Callable[[str], ProcessResult]
 
@@ -41,6 +43,11 @@ class FakeRuntime:
 
     def expect(self, env: Mapping[str, str]) -> None:
         self.expected.append(dict(env))
+
+    async def start(
+        self, argv: list[str], *, env: Mapping[str, str], more: Mapping[str, str]
+    ) -> Piped:
+        raise OrchError("the fake workspace starts no process")
 
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str]

@@ -19,7 +19,6 @@ from orchestrator.workspaces.registry import TIER_NAMES
 
 # Commands without -C/--workdir, and why it would make no sense there.
 NO_WORKDIR = {
-    "agents validate": "checks the files named on its command line; it reads no project",
     "sandbox build": "builds the one sandbox image of this machine from orch's own files",
     "sandbox ps": "lists every orch container of the Docker engine, whatever its project",
 }

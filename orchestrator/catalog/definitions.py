@@ -14,13 +14,17 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import UsageError
+from ..mcpclient.names import EVERY, is_mcp, parts
 from .frontmatter import DefinitionError as DefinitionError  # re-exported: loaders raise it
 from .frontmatter import parse_frontmatter
+
+if TYPE_CHECKING:  # imported when a file or a catalog has MCP servers (startup time)
+    from ..mcpclient.declared import Declared
 
 # Our own tool names pass through a ``tools`` list unchanged.
 ORCH_TOOLS: tuple[str, ...] = tuple(
@@ -46,10 +50,10 @@ UNSUPPORTED_TOOLS: dict[str, str] = {
     **dict.fromkeys(["todowrite", "todoread"], "orch has no todo list; plan in replies instead"),
     **dict.fromkeys(["webfetch", "websearch"], "orch has no web access"),
     **dict.fromkeys(["bashoutput", "killshell", "killbash"], "use task/task_output/task_stop"),
-    "mcp__": "orch does not connect to MCP servers",
+    "mcp__": "an MCP tool is mcp__SERVER or mcp__SERVER__TOOL",
     **dict.fromkeys(["notebookedit", "slashcommand", "exitplanmode", "askuserquestion"], ""),
 }
-_CAMEL = {c.lower(): c for c in ("disallowedTools", "permissionMode", "maxTurns")}
+_CAMEL = {c.lower(): c for c in ("disallowedTools", "permissionMode", "maxTurns", "mcpServers")}
 AGENT_FIELDS = frozenset(
     "name description tools model skills isolation background color network".split()
 )
@@ -87,14 +91,21 @@ class AgentDefinition(BaseModel):
     network: str | None = None  # "host" or "none" for its commands; None: the settings' own
     background: bool = False
     color: str | None = None
+    # its ``mcpServers``: a server declared elsewhere (None) or its own inline declaration
+    # (a ``mcpclient.declared.ServerDecl``, validated when parsed)
+    mcp_servers: dict[str, Any] = Field(default_factory=dict)
     system_prompt: str = ""
     source: str = ""  # file path, or "bundled:<name>"
     warnings: list[str] = Field(default_factory=list)
 
     def allowed_tools(self, all_tools: list[str]) -> list[str]:
-        """The tools of ``all_tools`` (in that order) this agent may use."""
+        """The tools of ``all_tools`` (in that order) this agent may use, then its MCP grants
+        (``mcpclient.names``): those its ``tools`` lists (every MCP tool, ``mcp__*``, without
+        a ``tools`` list) and a whole-server grant for each of its ``mcpServers``."""
         chosen = all_tools if self.tools is None else [t for t in all_tools if t in self.tools]
-        return [t for t in chosen if t not in self.disallowed_tools]
+        grants = [EVERY] if self.tools is None else [t for t in self.tools if is_mcp(t)]
+        grants += [f"mcp__{s}" for s in self.mcp_servers if f"mcp__{s}" not in grants]
+        return [t for t in [*chosen, *grants] if t not in self.disallowed_tools]
 
 
 class SkillDefinition(BaseModel):
@@ -126,6 +137,8 @@ def map_tool_names(entries: Iterable[str], *, deny: bool = False) -> tuple[list[
         if m := _PATTERN_RE.match(raw):
             base, pattern = m.group(1).strip(), m.group(2)
         mapped = base if base in ORCH_TOOLS else CLAUDE_TOOL_MAP.get(base.lower())
+        if pattern is None and parts(base) is not None and base != EVERY:
+            mapped = base  # an MCP tool or server, as written
         if mapped is None:
             why = UNSUPPORTED_TOOLS.get("mcp__" if base.startswith("mcp__") else base.lower())
             note = f" ({why})" if why else ""
@@ -200,6 +213,14 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
     network = p.opt_str("network", "'network: host'")
     if network is not None and network not in ("host", "none"):
         raise p.error("network", f"'network' must be host or none, not {network!r}")
+    mcp_servers: dict[str, Any] = {}
+    if p.data.get("mcpServers") is not None:
+        from ..mcpclient.declared import agent_servers
+
+        try:
+            mcp_servers = agent_servers(p.data["mcpServers"], f"{path} mcpServers", warnings)
+        except ValueError as e:
+            raise p.error("mcpServers", str(e)) from None
     background = p.data.get("background")
     if background is not None and not isinstance(background, bool):
         raise p.error("background", f"'background' must be true or false, not {background!r}")
@@ -220,6 +241,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
         network=network,
         background=bool(background),
         color=p.opt_str("color", "'color: blue'"),
+        mcp_servers=mcp_servers,
         system_prompt=p.body,
         source=source or str(path),
         warnings=warnings,
@@ -270,6 +292,7 @@ class Catalog:
     agents: dict[str, AgentDefinition] = field(default_factory=dict)
     skills: dict[str, SkillDefinition] = field(default_factory=dict)
     errors: list[DefinitionError] = field(default_factory=list)
+    mcp: Declared | None = None  # the MCP servers declared for the project (load_catalog)
 
     def agent(self, name: str) -> AgentDefinition:
         return _named(self.agents, "agent", name, UnknownAgent)
@@ -364,6 +387,9 @@ def load_catalog(
     cat = Catalog()
     cat.agents = _load_dirs("agents", search("agents", agents_dirs), load_agent_file, cat.errors)
     cat.skills = _load_dirs("skills", search("skills", skills_dirs), load_skill_file, cat.errors)
+    from ..mcpclient.declared import load_declared
+
+    cat.mcp = load_declared(project_root, home)
     return cat
 
 

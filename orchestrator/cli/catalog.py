@@ -15,7 +15,7 @@ from .common import WorkdirOpt, announce_trust, err, handles_errors, out, print_
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:
-    from ..catalog.definitions import Catalog
+    from ..catalog.definitions import Catalog, ValidationReport
 
 agents_app = typer.Typer(
     help="Agent definitions: list, show, validate.", no_args_is_help=True, add_completion=False
@@ -170,11 +170,22 @@ def agents_validate(
         list[Path], typer.Argument(help="Agent .md files, SKILL.md files or directories.")
     ],
     json_out: JsonOpt = False,
+    start: Annotated[
+        bool,
+        typer.Option(
+            "--start/--no-start",
+            help="Start the MCP servers agents name (in the OS sandbox, the project read-only, "
+            "10 s at most) to check the tools they name.",
+        ),
+    ] = True,
+    workdir: WorkdirOpt = None,
 ) -> None:
-    """Check definition files; exit 1 if any fails to load."""
+    """Check definition files, and the MCP servers and tools agents name; exit 1 if any
+    fails to load."""
     from ..catalog.definitions import validate_files
 
     reports = validate_files(paths)
+    _check_mcp(reports, start, workdir)
     failed = [r for r in reports if not r.ok]
     if json_out:
         print_json([r.model_dump() for r in reports])
@@ -192,6 +203,29 @@ def agents_validate(
         out.print(f"{len(reports)} checked, {len(failed)} failed, {total} warnings", markup=False)
     if failed:
         raise typer.Exit(1)
+
+
+def _check_mcp(reports: list[ValidationReport], start: bool, workdir: Path | None) -> None:
+    """Add to each agent's report what is wrong with the MCP servers and tools it names."""
+    import asyncio
+
+    from ..catalog.definitions import load_agent_file
+    from ..catalog.mcpcheck import mcp_warnings, named
+    from ..mcpclient.declared import load_declared
+
+    loaded = [
+        (r.path, load_agent_file(Path(r.path))) for r in reports if r.kind == "agent" and r.ok
+    ]
+    agents = {path: d for path, d in loaded if named(d)[0]}
+    if not agents:  # no agent names a server: no project is read
+        return
+    root = root_of(workdir)
+    settings, _ = load_trusted(root)
+    declared = load_declared(root, Path.home())
+    found = asyncio.run(mcp_warnings(list(agents.values()), declared, root, settings, start=start))
+    for r in reports:
+        if r.path in agents:
+            r.warnings += found.get(agents[r.path].name, [])
 
 
 @skills_app.command("list")

@@ -31,10 +31,12 @@ from ..spec import RunSpec
 from ..store import RunStore
 from ..tools.base import ToolContext, ToolRegistry
 from ..workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
+from ..workspaces.base import Runtime
 from ..workspaces.registry import choose_tier, tier_config
 from .agent import AgentRun, LoopOutcome, RunContext
 from .calls import ToolCall
 from .delegation import ChildSpawner, Engine
+from .mcptools import RunTools, run_tools
 from .memory import MemorySource
 from .owner import me, this_node
 
@@ -140,19 +142,33 @@ class Execution:
                 memory = None
                 if self.settings.project_memory:
                     memory = await self.host.memory(spec.workdir)
-                ctx = self._context(record, ws, spawner, notifications, memory)
-                try:
-                    outcome = await self._guarded(ctx, spawner)
-                except asyncio.CancelledError:
-                    outcome = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
-                    raise
-                finally:
-                    # Background children end before the workspace closes, so what they
-                    # wrote is in the commit of a worktree, not lost after it.
-                    await asyncio.shield(spawner.close())
-                    ws.set_outcome(
-                        RunOutcome(status=outcome.status.value, description=record.description)
-                    )
+                runtime, env = ws.runtime(), self._env(record)
+                # its MCP servers start in its sandbox now, and stop when it ends
+                async with run_tools(
+                    record,
+                    definition,
+                    self.host.catalog,
+                    self.host.tools,
+                    runtime=runtime,
+                    env=env,
+                    settings=self.settings,
+                    store=store,
+                    model=self.drive is None,
+                ) as tools:
+                    ctx = self._context(record, runtime, env, tools, spawner, notifications)
+                    ctx.memory = memory
+                    try:
+                        outcome = await self._guarded(ctx, spawner)
+                    except asyncio.CancelledError:
+                        outcome = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
+                        raise
+                    finally:
+                        # Background children end before the workspace closes, so what
+                        # they wrote is in the commit of a worktree, not lost after it.
+                        await asyncio.shield(spawner.close())
+                        ws.set_outcome(
+                            RunOutcome(status=outcome.status.value, description=record.description)
+                        )
         except asyncio.CancelledError:
             cancelled = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
             self.finish(ctx, cancelled, workspace)
@@ -163,13 +179,23 @@ class Execution:
             outcome = LoopOutcome(RunStatus.FAILED, outcome.text, f"{type(e).__name__}: {e}")
         return self.finish(ctx, outcome, workspace)
 
+    def _env(self, record: RunRecord) -> dict[str, str]:
+        """The environment of the run's commands and servers (the tier whitelists it)."""
+        return {
+            **self.host.child_env(),
+            "ORCH_CHAIN_ID": record.chain_id,
+            "ORCH_PARENT_RUN_ID": record.run_id,
+            "ORCH_DEPTH": str(record.depth),
+        }
+
     def _context(
         self,
         record: RunRecord,
-        ws: Workspace,
+        runtime: Runtime,
+        env: dict[str, str],
+        tools: RunTools,
         spawner: ChildSpawner,
         notifications: list[str],
-        memory: MemorySource | None,
     ) -> RunContext:
         host, settings = self.host, self.settings
         return RunContext(
@@ -178,26 +204,20 @@ class Execution:
             settings=settings,
             store=self.store,
             model=host.models.get(record.model),
-            tools=host.tools,
-            policy=Policy.for_run(settings, record.allowed_tools, record.depth, record.max_depth),
+            tools=tools.registry,
+            policy=Policy.for_run(settings, tools.allowed, record.depth, record.max_depth),
             catalog=host.catalog,
             tool_ctx=ToolContext(
                 run_id=record.run_id,
-                runtime=ws.runtime(),
+                runtime=runtime,
                 settings=settings,
-                env={
-                    **host.child_env(),
-                    "ORCH_CHAIN_ID": record.chain_id,
-                    "ORCH_PARENT_RUN_ID": record.run_id,
-                    "ORCH_DEPTH": str(record.depth),
-                },
+                env=env,
                 evidence=spawner.evidence,
                 spawner=spawner,
                 skills=host.catalog.skills,
             ),
             notifications=notifications,
-            host_root=ws.root,
-            memory=memory,
+            host_root=self.live.workspace.root if self.live.workspace else None,
         )
 
     def _ahead(self, calls: list[ToolCall]) -> AbstractAsyncContextManager[object]:

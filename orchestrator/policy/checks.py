@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DenyRule, HookCommand, Settings
+from ..mcpclient.names import is_mcp, narrowed
 from .commands import BUILTIN_CHECKS, command_words, pipelines
 from .hookguard import HookRefused, hook_env, private_cwd, refusal
 
@@ -50,9 +51,11 @@ def tool_set(allowed_tools: list[str]) -> frozenset[str]:
 
 
 def child_tools(parent_tools: list[str], requested: list[str]) -> list[str]:
-    """A child's tools: those it asks for that its parent has (in the order asked)."""
+    """A child's tools: those it asks for that its parent has (in the order asked), then its
+    MCP grants, each within one of its parent's (``mcpclient.names.narrowed``)."""
     allowed = tool_set(parent_tools)
-    return [t for t in requested if t in allowed]
+    own = [t for t in requested if t in allowed and not is_mcp(t)]
+    return own + narrowed(parent_tools, requested)
 
 
 @dataclass(frozen=True)

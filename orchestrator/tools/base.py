@@ -82,8 +82,8 @@ _SCHEMAS: dict[type[Tool], dict[str, Any]] = {}
 
 
 class Tool:
-    name: ClassVar[str]
-    description: ClassVar[str]
+    name: str  # a class's own, or (an MCP server's tool: ``mcptool.py``) an instance's
+    description: str
     input_model: ClassVar[type[ToolInput]]
     writes: ClassVar[bool] = False  # changes files (a read-only agent may not have it)
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
 from ..project.statedir import sign
+from .piped import Piped
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
 OUTPUT_GRACE_S = 0.5  # after the command exits, how long its output may still arrive
@@ -178,6 +179,12 @@ class Runtime(Protocol):
     async def grep(
         self, pattern: str, *, path: str | None, glob: str | None, limit: int
     ) -> list[str]: ...
+
+    async def start(
+        self, argv: list[str], *, env: Mapping[str, str], more: Mapping[str, str]
+    ) -> Piped:
+        """A long-lived process (an MCP server) where the run's commands run, with ``env``
+        as a command's and ``more`` added inside; OrchError when this tier cannot."""
 
 
 class Workspace(Protocol):
@@ -377,15 +384,17 @@ async def start_process(
     sink: ResourceSink,
     run_id: str,
     stdin: bool = False,
+    stderr: bool = False,
 ) -> Started:
-    """Start argv in its own process group (stdin: a pipe, else /dev/null), registered."""
+    """Start argv in its own process group (stdin: a pipe, else /dev/null; ``stderr``: a
+    pipe of its own, else with stdout), registered."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
         env=dict(env),
         stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        stderr=asyncio.subprocess.PIPE if stderr else asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
     # start_new_session: the child leads its own group

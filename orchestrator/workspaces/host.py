@@ -36,9 +36,11 @@ from ..bwrap.profile import (
     default_hidden,
     sandbox_env,
 )
+from ..errors import OrchError
 from ..fs.safefs import Beneath, UnsafePath
 from .base import FileRead, ProcessResult, WorkspaceSpec
 from .hiding import hidden_reason
+from .piped import Piped
 from .saved import BwrapUsed
 
 SKIP_DIRS = frozenset({".git", ".orch", "node_modules", "__pycache__", ".venv"})
@@ -46,6 +48,7 @@ GREP_FILE_BYTES = 2 * 1024 * 1024  # a larger file is searched in its first 2 Mi
 GREP_LINE_CHARS = 300
 
 Exec = Callable[..., Awaitable[ProcessResult]]
+Start = Callable[[list[str], Mapping[str, str], Mapping[str, str]], Awaitable[Piped]]
 CHAIN_ENV = ("ORCH_CHAIN_ID", "ORCH_PARENT_RUN_ID", "ORCH_DEPTH")
 # orch's interpreter and package, read-only inside the sandbox even where the private /tmp
 # would cover them, so an `orch` started by a command finds itself (and joins the chain)
@@ -80,15 +83,19 @@ def confined(
     read_only_within: tuple[Path, ...],
     env: Mapping[str, str],
     hidden_within: tuple[Path, ...] = (),
+    more: Mapping[str, str] | None = None,
 ) -> tuple[list[str], Mapping[str, str]]:
     """``argv`` in ``workspace`` under the run's OS sandbox: the argv and the environment to
     start it with; ``hidden_within``: the workspace's own hidden paths (``hiding.hidden_rels``)
-    as host paths. Unchanged when ``sandbox.os = "off"``."""
+    as host paths; ``more``: set inside as given (an MCP server's declared ``env``: the
+    repository's own values, never the host's), except orch's ``ORCH_*`` marks. Unchanged
+    when ``sandbox.os = "off"``."""
     cfg = spec.sandbox
     if cfg.os == "off":
         return argv, env
     chain = {k: env[k] for k in CHAIN_ENV if k in env}
     box_env = {**sandbox_env(env, chain), **spec.extra_env}
+    box_env |= {k: v for k, v in (more or {}).items() if not k.startswith("ORCH_")}
     home = Path(env.get("HOME") or "/")
     hidden = [home / p[2:] if p.startswith("~/") else Path(p) for p in cfg.hidden]
     if spec.state_dir is not None:
@@ -121,11 +128,20 @@ class HostRuntime:
         exec_: Exec,
         hidden: tuple[str, ...] = (".orch",),
         expect: Callable[[Mapping[str, str]], None] | None = None,
+        start: Start | None = None,
     ) -> None:
         self.root = root
         self._exec = exec_
         self.hidden = hidden
         self._expect = expect
+        self._start = start
+
+    async def start(
+        self, argv: list[str], *, env: Mapping[str, str], more: Mapping[str, str]
+    ) -> Piped:
+        if self._start is None:
+            raise OrchError("this workspace cannot start a long-lived process")
+        return await self._start(argv, env, more)
 
     def expect(self, env: Mapping[str, str]) -> None:
         if self._expect is not None:

@@ -53,7 +53,7 @@ class SharedWorkspace(Shielded):
         return await self._shell.exec(command, timeout_s=timeout_s, env=env)
 
     def runtime(self) -> Runtime:
-        return HostRuntime(self.root, self.exec, self.hidden, self._shell.expect)
+        return HostRuntime(self.root, self.exec, self.hidden, self._shell.expect, self._shell.start)
 
     def set_outcome(self, outcome: RunOutcome) -> None:
         return None

@@ -31,6 +31,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..errors import OrchError
 from .base import (
     ProcessResult,
     Started,
@@ -40,6 +41,7 @@ from .base import (
     stop_process,
 )
 from .host import confined
+from .piped import Tail
 
 # reads one NUL-ended command from stdin, then runs it in this shell, stdin /dev/null
 LOADER = 'IFS= read -r -d "" c || exit 126; exec </dev/null; eval "unset c; $c"'
@@ -125,6 +127,36 @@ class Shell:
         while self._dropping:
             await asyncio.wait(set(self._dropping))
 
+    async def start(
+        self, argv: list[str], env: Mapping[str, str], more: Mapping[str, str]
+    ) -> HostPiped:
+        """A long-lived process (an MCP server) in a sandbox of its own, as a command's but
+        with stdin and stderr pipes; registered as a process group of the run. Never
+        unsandboxed: with ``sandbox.os = "off"`` it is refused."""
+        if self._closed:
+            raise OrchError("the workspace is closed")
+        if self.spec.sandbox.os != "bwrap":
+            raise OrchError('an MCP server runs only in the OS sandbox (sandbox.os = "bwrap")')
+        box_argv, process_env = confined(
+            argv,
+            spec=self.spec,
+            workspace=self.workspace,
+            read_only_within=self.read_only_within,
+            env=dict(env),
+            hidden_within=self.hidden_within,
+            more=more,
+        )
+        started = await start_process(
+            box_argv,
+            cwd=self.workspace,
+            env=process_env,
+            sink=self.spec.sink,
+            run_id=self.spec.run_id,
+            stdin=True,
+            stderr=True,
+        )
+        return HostPiped(started)
+
     async def _make(self, env: dict[str, str]) -> Started:
         return await self._start(["bash", "-c", LOADER], env, stdin=True)
 
@@ -187,3 +219,60 @@ async def _feed(started: Started, command: str) -> bool:
     except (BrokenPipeError, ConnectionResetError):
         return False
     return True
+
+
+class HostPiped:
+    """A process of :meth:`Shell.start`: its pipes; ``stop`` kills its group."""
+
+    def __init__(self, started: Started) -> None:
+        self.started = started
+        self.tail = Tail()
+        self._drain = asyncio.ensure_future(self._drain_stderr())
+        self._stopping: asyncio.Future[None] | None = None
+
+    async def _drain_stderr(self) -> None:
+        err = self.started.proc.stderr
+        assert err is not None
+        while chunk := await err.read(65536):
+            self.tail.add(chunk)
+
+    async def send(self, data: bytes) -> None:
+        stdin = self.started.proc.stdin
+        if stdin is None or stdin.is_closing() or self.started.proc.returncode is not None:
+            raise ConnectionResetError("the process is gone")
+        stdin.write(data)
+        await stdin.drain()
+
+    async def receive(self) -> bytes:
+        out = self.started.proc.stdout
+        assert out is not None
+        return await out.read(65536)
+
+    def stderr_tail(self) -> str:
+        return self.tail.text()
+
+    async def stop(self) -> None:
+        """Once, whoever asks first; a cancelled caller leaves it running to its end, and the
+        next caller waits for that."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        await stop_process(self.started)
+        proc = self.started.proc
+        with contextlib.suppress(Exception):  # its pipes end with it (what is left, dropped)
+            async with asyncio.timeout(1.0):
+                await asyncio.gather(self._drain, _to_end(proc.stdout))
+        self._drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._drain
+        transport = getattr(proc, "_transport", None)  # a pipe something else held open
+        if transport is not None:
+            transport.close()
+
+
+async def _to_end(stream: asyncio.StreamReader | None) -> None:
+    """Read ``stream`` to its end, keeping nothing."""
+    while stream is not None and await stream.read(65536):
+        pass

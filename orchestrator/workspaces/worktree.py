@@ -135,8 +135,9 @@ class WorktreeWorkspace(Shielded):
         return [dict(a) for a in self._artifacts]
 
     def runtime(self) -> Runtime:
-        expect = self._shell.expect if self._shell is not None else None
-        return HostRuntime(self.root, self.exec, self.hidden, expect)
+        shell = self._shell
+        expect, start = (shell.expect, shell.start) if shell is not None else (None, None)
+        return HostRuntime(self.root, self.exec, self.hidden, expect, start)
 
     # -- internals ----------------------------------------------------------------------
 

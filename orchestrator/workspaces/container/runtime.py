@@ -19,6 +19,7 @@ from typing import Any
 from ...errors import OrchError
 from ...fs.safefs import UnsafePath
 from ..base import FileRead, ProcessResult
+from ..piped import Piped
 from .dockerexec import Sandbox
 from .inside import files as files_program
 
@@ -83,6 +84,13 @@ class ContainerRuntime:
 
     def expect(self, env: Mapping[str, str]) -> None:
         return None  # the container is the sandbox, made at open
+
+    async def start(
+        self, argv: list[str], *, env: Mapping[str, str], more: Mapping[str, str]
+    ) -> Piped:
+        from .piped import start_piped
+
+        return await start_piped(self.box, argv, env, more)
 
     async def call(
         self, request: dict[str, Any], data: bytes = b"", *, reply_cap: int

@@ -1,0 +1,264 @@
+"""orch as an MCP client, end to end through the engine (scripted model, real bubblewrap).
+
+A project declares a server in ``.mcp.json`` (``tests/mcp_probe_server.py``, committed into
+the project); an agent lists its tools; the child calls them. The server runs inside the
+child's sandbox: it cannot read a hidden ``~/.ssh`` and has no API key; each way it can fail
+is one line of tool error; none of its processes outlives the run; a child never gets an
+MCP tool its parent lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.bwrap import profile as osbox
+from orchestrator.config import SandboxSettings
+from orchestrator.run import RunRecord, RunStatus
+from tests.support import Harness, harness, init_repo, task_call, tool_results
+
+pytestmark = pytest.mark.bwrap
+
+SERVER = Path(__file__).with_name("mcp_probe_server.py")
+MARKER = "sk-ant-MCP-MARKER-51c2"
+KEY = "MCP-PRIVATE-KEY-MARKER"
+
+
+@pytest.fixture(autouse=True)
+def need_bwrap() -> None:
+    reason = osbox.available()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"bubblewrap must work under CI: {reason}")
+        pytest.skip(f"bubblewrap cannot run here: {reason}")
+
+
+def agent(name: str, tools: str) -> str:
+    return f"---\nname: {name}\ndescription: {name} agent\ntools: {tools}\n---\nYou {name}.\n"
+
+
+def project(tmp_path: Path, mark: str, *, args: list[str] | None = None, **agents: str) -> Path:
+    """A repository with the probe server, its ``.mcp.json`` (the server's command line holds
+    ``mark``, to find its processes by) and ``agents`` (name -> file text)."""
+    decl = {"command": "python3", "args": ["tools/probe_server.py", mark, *(args or [])]}
+    files = {
+        "tools/probe_server.py": SERVER.read_text(),
+        ".mcp.json": json.dumps({"mcpServers": {"proj": decl}}),
+        **{f".claude/agents/{n}.md": text for n, text in agents.items()},
+    }
+    return init_repo(tmp_path / "proj", files)
+
+
+def processes_with(mark: str) -> list[int]:
+    """The pids whose command line holds ``mark`` (this test's server, wherever it runs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if mark.encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def call(tool: str, **args: Any) -> dict[str, Any]:
+    return {"tool": tool, "input": args}
+
+
+def plays(agent: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The conversation of ``agent``: ``calls``, then a final answer."""
+    return {"agent": agent, "turns": [{"tool_calls": calls}, {"text": "done"}]}
+
+
+def child_script(calls: list[dict[str, Any]], **task: Any) -> dict[str, Any]:
+    return {
+        "conversations": [
+            {"depth": 0, "turns": [{"tool_calls": [task_call("go", **task)]}, {"text": "ok"}]},
+            {"depth": 1, "turns": [{"tool_calls": calls}, {"text": "done"}]},
+        ]
+    }
+
+
+def child_of(h: Harness, root: RunRecord) -> RunRecord:
+    (child,) = [r for r in h.runs(root.chain_id) if r.depth == 1]
+    return child
+
+
+def results(h: Harness, run: RunRecord) -> list[dict[str, Any]]:
+    return tool_results(h.requests_of(run.run_id)[1])
+
+
+@pytest.fixture
+def secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", MARKER)
+    ssh = Path(os.environ["HOME"]) / ".ssh"
+    ssh.mkdir(exist_ok=True)
+    (ssh / "id_rsa").write_text(KEY + "\n")
+
+
+@pytest.mark.usefixtures("secrets")
+@pytest.mark.parametrize("isolation", ["shared", "worktree"])
+def test_a_child_calls_a_project_server_that_runs_inside_its_sandbox(
+    tmp_path: Path, isolation: str
+) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(tmp_path, mark, prober=agent("prober", "Read, mcp__proj__probe"))
+    script = child_script([call("mcp__proj__probe")], subagent_type="prober", isolation=isolation)
+    h = harness(repo, script)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    assert child.allowed_tools == ["read_file", "mcp__proj__probe"]
+    # the child was offered the server's tool, with its schema and description
+    offered = {t["name"]: t for t in h.requests_of(child.run_id)[0].tools}
+    assert set(offered) == {"read_file", "mcp__proj__probe"}
+    assert offered["mcp__proj__probe"]["description"] == "Probe the sandbox"
+    assert offered["mcp__proj__probe"]["input_schema"] == {"type": "object", "properties": {}}
+    # its answer reached the model's next request: the server saw no key and no ssh key
+    (result,) = results(h, child)
+    assert "ssh=unreadable" in result["content"] and "api_key=<none>" in result["content"]
+    assert KEY not in result["content"] and MARKER not in result["content"]
+    assert not result.get("is_error")
+    assert processes_with(mark) == []  # none of it outlives the run
+
+
+@pytest.mark.usefixtures("secrets")
+def test_a_child_never_gets_an_mcp_tool_its_parent_lacks(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(
+        tmp_path,
+        mark,
+        lead=agent("lead", "Task, Read"),
+        prober=agent("prober", "Read, mcp__proj__probe"),
+        wide=agent("wide", "Task, mcp__proj__echo"),
+    )
+    script = {
+        "conversations": [
+            plays("lead", [task_call("go", subagent_type="prober")]),
+            plays("prober", [call("mcp__proj__probe")]),
+        ]
+    }
+    h = harness(repo, script)
+    root = h.run(agent="lead")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    assert child.allowed_tools == ["read_file"]
+    assert [t["name"] for t in h.requests_of(child.run_id)[0].tools] == ["read_file"]
+    (refused,) = results(h, child)
+    assert refused.get("is_error") and "unknown tool 'mcp__proj__probe'" in refused["content"]
+    assert not [e for e in h.store.events(child.run_id) if e["kind"] == "mcp"]  # never started
+    # a parent with one tool of the server: a child asking for the whole server gets that one
+    script2 = {
+        "conversations": [
+            plays("wide", [task_call("go", subagent_type="whole")]),
+            plays("whole", [call("mcp__proj__probe")]),
+        ]
+    }
+    whole = tmp_path / "more"
+    whole.mkdir()
+    (whole / "whole.md").write_text(agent("whole", "mcp__proj"))
+    h2 = harness(repo, script2, agents_dirs=[whole])
+    root2 = h2.run(agent="wide")
+    assert root2.status == RunStatus.SUCCEEDED, root2.error
+    child2 = child_of(h2, root2)
+    assert child2.allowed_tools == ["mcp__proj__echo"]
+    assert [t["name"] for t in h2.requests_of(child2.run_id)[0].tools] == ["mcp__proj__echo"]
+    assert "unknown tool" in results(h2, child2)[0]["content"]
+    assert processes_with(mark) == []
+
+
+FAILURES = {
+    "crash": "MCP server 'proj' broke: it exited; it was stopped",
+    "big": "MCP server 'proj' broke: it sent a message over 65,536 bytes; it was stopped",
+    "junk": "MCP server 'proj' broke: it sent a line that is not a JSON-RPC message; "
+    "it was stopped",
+    "sleep": "MCP server 'proj': sleep gave no answer in 2s",
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_each_way_a_server_fails_is_one_line_of_tool_error(tmp_path: Path, failure: str) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(tmp_path, mark, prober=agent("prober", "mcp__proj"))
+    calls = [call(f"mcp__proj__{failure}")]
+    h = harness(
+        repo,
+        child_script(calls, subagent_type="prober"),
+        mcp={"call_timeout_s": 2, "max_line_bytes": 65536},
+    )
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    (result,) = results(h, child_of(h, root))
+    assert result.get("is_error") and result["content"] == FAILURES[failure]
+    assert processes_with(mark) == []
+
+
+def test_a_server_that_does_not_start_is_a_tool_error_and_a_note(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(
+        tmp_path, mark, args=["--exit-at-start"], prober=agent("prober", "mcp__proj__probe")
+    )
+    h = harness(repo, child_script([call("mcp__proj__probe")], subagent_type="prober"))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    why = "MCP server 'proj' did not start: it exited (its stderr: probe server: refusing to start)"
+    (result,) = results(h, child)
+    assert result.get("is_error") and result["content"] == why
+    (event,) = [e for e in h.store.events(child.run_id) if e["kind"] == "mcp"]
+    assert event["data"]["notes"] == [why]
+    assert processes_with(mark) == []
+
+
+def test_a_run_that_times_out_mid_call_leaves_no_server(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(tmp_path, mark, prober=agent("prober", "mcp__proj"))
+    script = {"conversations": [plays("prober", [call("mcp__proj__sleep")])]}
+    h = harness(repo, script)
+    root = h.run(agent="prober", timeout_seconds=3)
+    assert root.status == RunStatus.TIMED_OUT, root.error
+    (event,) = [e for e in h.store.events(root.run_id) if e["kind"] == "mcp"]
+    assert "mcp__proj__sleep" in event["data"]["tools"]  # it was there, mid-call, when cut
+    assert processes_with(mark) == []
+
+
+def test_without_the_os_sandbox_no_server_starts(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(tmp_path, mark, prober=agent("prober", "mcp__proj__probe"))
+    script = child_script([call("mcp__proj__probe")], subagent_type="prober")
+    h = harness(repo, script, sandbox=SandboxSettings(os="off"))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    (result,) = results(h, child_of(h, root))
+    assert result.get("is_error") and result["content"] == (
+        "MCP server 'proj' did not start: an MCP server runs only in the OS sandbox "
+        '(sandbox.os = "bwrap")'
+    )
+    assert processes_with(mark) == []
+
+
+def test_an_agents_own_mcp_servers_entry_gives_it_that_servers_tools(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    own = (
+        "---\nname: owner\ndescription: d\ntools: Read\nmcpServers:\n"
+        f"  - own: {{command: python3, args: [tools/probe_server.py, {mark}-own]}}\n"
+        "---\nYou own.\n"
+    )
+    repo = project(tmp_path, mark, owner=own)
+    calls = [call("mcp__own__echo", x="mine")]
+    h = harness(repo, child_script(calls, subagent_type="owner"))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    assert child.allowed_tools == ["read_file", "mcp__own"]
+    names = [t["name"] for t in h.requests_of(child.run_id)[0].tools]
+    assert names[0] == "read_file" and "mcp__own__echo" in names and len(names) == 7
+    assert results(h, child)[0]["content"] == "echo:mine"
+    assert processes_with(mark) == []
