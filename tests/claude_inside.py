@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,10 @@ def main(claude: str, repo: str, report: str) -> int:
     home.mkdir()
     tmpdir.mkdir()
     server = [sys.executable, "-m", "orchestrator", "mcp", "-C", repo]
+    # Claude Code does not always wait for a slow server before its first request: the
+    # server's modules are imported (and compiled) once here, so it starts in well under 1 s
+    warm = "import orchestrator.cli.main, orchestrator.mcpserver.server"
+    subprocess.run([sys.executable, "-c", warm], check=True, timeout=120)
     config = {"mcpServers": {"orch": {"command": server[0], "args": server[1:]}}}
     (tmp / "mcp.json").write_text(json.dumps(config))
     with serve(responder) as fake:
@@ -119,7 +124,10 @@ def main(claude: str, repo: str, report: str) -> int:
             for e in fake.exchanges
         ]
     out = {"rc": got.returncode, "stdout": got.stdout, "stderr": got.stderr[-4000:]}
+    logs = sorted(home.glob(".cache/claude-cli-nodejs/*/mcp-logs-orch/*.jsonl"))
+    out["mcp_log"] = logs[0].read_text()[-4000:] if logs else ""
     Path(report).write_text(json.dumps({**out, "exchanges": exchanges}))
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

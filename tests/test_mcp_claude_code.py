@@ -70,7 +70,7 @@ def test_claude_code_delegates_to_orch_over_mcp(
     data = json.loads(report.read_text())
     assert data["rc"] == 0, data["stderr"]
     labels = [e["label"] for e in data["exchanges"]]
-    assert labels.count("claude:tool_use") == 1, labels
+    assert labels.count("claude:tool_use") == 1, (labels, data["mcp_log"])
     assert {"orch:write", "orch:answer", "claude:final"} <= set(labels), labels
 
     result = _result_of(data["exchanges"])
