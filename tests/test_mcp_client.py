@@ -262,3 +262,32 @@ def test_an_agents_own_mcp_servers_entry_gives_it_that_servers_tools(tmp_path: P
     assert names[0] == "read_file" and "mcp__own__echo" in names and len(names) == 7
     assert results(h, child)[0]["content"] == "echo:mine"
     assert processes_with(mark) == []
+
+
+def test_the_users_own_servers_serve_the_users_agents_only_and_away_from_the_checkout(
+    tmp_path: Path,
+) -> None:
+    """A server of ``~/.orch/mcp.json`` (its env may hold the user's secrets) is not offered
+    to a repository's agent, and starts in the sandbox's private /tmp, so `python -m x` or
+    `npx x` cannot load the repository's x with the user's environment."""
+    mark = f"mark-{uuid.uuid4().hex}"
+    home = Path(os.environ["HOME"])
+    decl = {"command": "python3", "args": [str(SERVER), mark], "env": {"DB_URL": "USER-SECRET"}}
+    (home / ".orch").mkdir(exist_ok=True)
+    (home / ".orch" / "mcp.json").write_text(json.dumps({"mcpServers": {"mine": decl}}))
+    (home / ".orch" / "agents").mkdir(exist_ok=True)
+    (home / ".orch" / "agents" / "own.md").write_text(agent("own", "mcp__mine__probe"))
+    repo = init_repo(tmp_path / "proj", {".claude/agents/theirs.md": agent("theirs", "mcp__mine")})
+    for who, offered in (("own", True), ("theirs", False)):
+        script = child_script([call("mcp__mine__probe")], subagent_type=who)
+        h = harness(repo, script)
+        root = h.run()
+        child = child_of(h, root)
+        tools = {t["name"] for t in h.requests_of(child.run_id)[0].tools}
+        assert ("mcp__mine__probe" in tools) is offered, (who, tools)
+        (result,) = results(h, child)
+        if offered:
+            assert "cwd=/tmp" in result["content"], result["content"]
+        else:  # a tool it was never offered: refused as unknown
+            assert result.get("is_error"), result
+    assert processes_with(mark) == []

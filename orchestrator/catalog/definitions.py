@@ -293,6 +293,13 @@ class Catalog:
     skills: dict[str, SkillDefinition] = field(default_factory=dict)
     errors: list[DefinitionError] = field(default_factory=list)
     mcp: Declared | None = None  # the MCP servers declared for the project (load_catalog)
+    root: Path | None = None  # the project it was loaded for: its agent files are the repo's
+
+    def from_repository(self, agent: AgentDefinition) -> bool:
+        """Whether ``agent`` comes from a file inside the project (the repository's own)."""
+        if self.root is None or agent.source.startswith("bundled:") or not agent.source:
+            return False
+        return Path(agent.source).resolve().is_relative_to(self.root.resolve())
 
     def agent(self, name: str) -> AgentDefinition:
         return _named(self.agents, "agent", name, UnknownAgent)
@@ -384,7 +391,7 @@ def load_catalog(
         roots = [project_root / ".orch", project_root / ".claude"] if project_root else []
         return [*extra, *(r / kind for r in roots), home / ".orch" / kind]
 
-    cat = Catalog()
+    cat = Catalog(root=project_root)
     cat.agents = _load_dirs("agents", search("agents", agents_dirs), load_agent_file, cat.errors)
     cat.skills = _load_dirs("skills", search("skills", skills_dirs), load_skill_file, cat.errors)
     from ..mcpclient.declared import load_declared

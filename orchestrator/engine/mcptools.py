@@ -61,6 +61,8 @@ async def run_tools(
     from ..tools.mcptool import McpTool
 
     decls = {**catalog.mcp.servers} if catalog.mcp is not None else {}
+    if catalog.from_repository(definition):  # the user's servers (their env: the user's
+        decls = {n: d for n, d in decls.items() if not d.user}  # secrets) are the user's
     decls.update({n: d for n, d in definition.mcp_servers.items() if d is not None})
     deny = [t for t in definition.disallowed_tools if is_mcp(t)]
     async with open_servers(

@@ -42,6 +42,7 @@ class ServerDecl(BaseModel):
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     source: str = ""  # where it was declared (a file, or an agent file's mcpServers)
+    user: bool = False  # declared in ~/.orch/mcp.json: the user's (its env may hold secrets)
 
     @model_validator(mode="after")
     def _complete(self) -> ServerDecl:
@@ -83,7 +84,7 @@ def server_decl(name: str, raw: object, where: str, warnings: list[str]) -> Serv
         ) from None
 
 
-def parse_servers(data: object, where: str, into: Declared) -> None:
+def parse_servers(data: object, where: str, into: Declared, *, user: bool = False) -> None:
     """Add the ``mcpServers`` of one parsed file to ``into`` (names already there kept)."""
     if not isinstance(data, dict) or not isinstance(data.get("mcpServers", {}), dict):
         into.errors.append(f'{where}: expected {{"mcpServers": {{NAME: {{...}}}}}}')
@@ -94,10 +95,10 @@ def parse_servers(data: object, where: str, into: Declared) -> None:
         except ValueError as e:
             into.errors.append(f"{where}: {e}")
             continue
-        into.servers.setdefault(str(name), decl)
+        into.servers.setdefault(str(name), decl.model_copy(update={"user": user}))
 
 
-def read_file(root: Path, rel: str, into: Declared) -> None:
+def read_file(root: Path, rel: str, into: Declared, *, user: bool = False) -> None:
     """Read ``root/rel`` beneath ``root`` (no link followed, capped) into ``into``; a
     missing file is nothing."""
     where = str(root / rel)
@@ -117,7 +118,7 @@ def read_file(root: Path, rel: str, into: Declared) -> None:
     except (UnicodeDecodeError, ValueError) as e:
         into.errors.append(f"{where}: not JSON ({str(e)[:120]})")
         return
-    parse_servers(parsed, where, into)
+    parse_servers(parsed, where, into, user=user)
 
 
 def load_declared(project_root: Path | None, home: Path) -> Declared:
@@ -126,7 +127,7 @@ def load_declared(project_root: Path | None, home: Path) -> Declared:
     if project_root is not None and project_root.is_dir():
         read_file(project_root, PROJECT_FILE, found)
     if home.is_dir():
-        read_file(home, USER_FILE, found)
+        read_file(home, USER_FILE, found, user=True)
     return found
 
 

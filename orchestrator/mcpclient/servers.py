@@ -183,7 +183,11 @@ async def start_server(
     if decl.type != "stdio" or decl.command is None:
         raise OrchError(f"a remote ({decl.type}) server; orch starts stdio servers only")
     link = Link(name)
-    piped = await runtime.start([decl.command, *decl.args], env=env, more=decl.env)
+    argv = [decl.command, *decl.args]
+    if decl.user:  # the user's server starts in the sandbox's private /tmp, not the workspace:
+        # `python -m x` or `npx x` must not load the repository's x with the user's env
+        argv = ["/bin/sh", "-c", 'cd /tmp && exec "$@"', "mcp-server", *argv]
+    piped = await runtime.start(argv, env=env, more=decl.env)
     stack.push_async_callback(piped.stop)
     streams = piped_streams(piped, link, max_line=cfg.max_line_bytes)
     read, write = await stack.enter_async_context(streams)
