@@ -291,3 +291,36 @@ def test_the_users_own_servers_serve_the_users_agents_only_and_away_from_the_che
         else:  # a tool it was never offered: refused as unknown
             assert result.get("is_error"), result
     assert processes_with(mark) == []
+
+
+@pytest.mark.usefixtures("secrets")
+@pytest.mark.parametrize(
+    ("lead_tools", "lead_denies"),
+    [("Task, mcp__proj", "mcp__proj__probe"), (None, "mcp__proj")],
+    ids=["a-tool-of-a-granted-server", "a-server-of-every-tool"],
+)
+def test_an_mcp_tool_denied_to_a_parent_is_denied_to_its_children(
+    tmp_path: Path, lead_tools: str | None, lead_denies: str
+) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    tools = f"tools: {lead_tools}\n" if lead_tools else ""
+    lead = (
+        f"---\nname: lead\ndescription: lead\n{tools}disallowedTools: {lead_denies}\n---\nLead.\n"
+    )
+    repo = project(tmp_path, mark, lead=lead, prober=agent("prober", "Read, mcp__proj__probe"))
+    script = {
+        "conversations": [
+            plays("lead", [task_call("go", subagent_type="prober")]),
+            plays("prober", [call("mcp__proj__probe")]),
+        ]
+    }
+    h = harness(repo, script)
+    root = h.run(agent="lead")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    assert f"!{lead_denies}" in child.allowed_tools  # kept for its own children too
+    offered = [t["name"] for t in h.requests_of(child.run_id)[0].tools]
+    assert "mcp__proj__probe" not in offered, offered
+    (refused,) = results(h, child)
+    assert refused.get("is_error") and "unknown tool 'mcp__proj__probe'" in refused["content"]
+    assert processes_with(mark) == []

@@ -17,6 +17,7 @@ from ..catalog.definitions import AgentDefinition, Catalog
 from ..catalog.guidance import ALIASES, resolve_agent
 from ..config import Settings
 from ..errors import OrchError
+from ..mcpclient.names import DENY, is_mcp, with_denies
 from ..models import ModelProvider
 from ..policy.checks import child_tools
 from ..run import RunRecord, first_line, new_chain_id, new_run_id
@@ -72,9 +73,10 @@ class Admission:
             spec = self.continuation(spec, resumed)
         definition = driving or resolve_agent(self.catalog, spec.agent)
         requested = definition.allowed_tools(self.tools.names())
+        own_denies = [DENY + t for t in definition.disallowed_tools if is_mcp(t)]
         if resumed is not None and parent is None:  # a root goes on in its own chain
             chain_id, depth, max_depth = resumed.chain_id, resumed.depth, resumed.max_depth
-            allowed = requested
+            allowed = with_denies(requested, own_denies)
             model = self.models.resolve(spec.model or resumed.model)
         elif parent is None:
             spec = spec.model_copy(update={"workdir": spec.workdir.resolve()})
@@ -82,7 +84,7 @@ class Admission:
             max_depth = self.settings.max_depth
             if spec.limits.max_depth is not None:
                 max_depth = spec.limits.max_depth
-            allowed = requested
+            allowed = with_denies(requested, own_denies)
             model = self.models.resolve(spec.model or definition.model)
         else:
             if parent.depth >= parent.max_depth:
@@ -99,6 +101,7 @@ class Admission:
                         f"not {definition.name!r}"
                     )
             allowed = child_tools(parent.allowed_tools, requested)  # never more than its parent
+            allowed = with_denies(allowed, parent.allowed_tools, own_denies)
             model = self.models.resolve(spec.model or definition.model or parent.model or None)
         budgets = self.budgets(parent or resumed)
         tier = choose_tier(

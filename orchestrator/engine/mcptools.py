@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..config import Settings
-from ..mcpclient.names import is_mcp, servers
+from ..mcpclient.names import DENY, denies, is_mcp, servers
 from ..run import RunRecord
 from ..store import RunStore
 from ..tools.base import Tool, ToolRegistry
@@ -50,7 +50,7 @@ async def run_tools(
     """``model``: the run is a model's loop (a driver's run, a team's, calls no tool: no
     server starts for it)."""
     grants = [t for t in record.allowed_tools if is_mcp(t)]
-    builtin = [t for t in record.allowed_tools if not is_mcp(t)]
+    builtin = [t for t in record.allowed_tools if not is_mcp(t) and not t.startswith(DENY)]
     named = servers(grants) if model else []
     if not named:
         yield RunTools(tools, builtin)
@@ -64,7 +64,8 @@ async def run_tools(
     if catalog.from_repository(definition):  # the user's servers (their env: the user's
         decls = {n: d for n, d in decls.items() if not d.user}  # secrets) are the user's
     decls.update({n: d for n, d in definition.mcp_servers.items() if d is not None})
-    deny = [t for t in definition.disallowed_tools if is_mcp(t)]
+    deny = denies(record.allowed_tools)  # its own disallowedTools and its ancestors'
+    deny += [t for t in definition.disallowed_tools if is_mcp(t) and t not in deny]
     async with open_servers(
         named, decls, grants=grants, deny=deny, runtime=runtime, env=env, cfg=settings.mcp
     ) as opened:

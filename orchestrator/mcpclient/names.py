@@ -11,6 +11,7 @@ from __future__ import annotations
 
 PREFIX = "mcp__"
 EVERY = "mcp__*"  # every MCP tool (an agent with no ``tools`` list)
+DENY = "!"  # ``!mcp__s__t`` in a run's allowed_tools: denied to it and to its descendants
 _WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -73,6 +74,21 @@ def narrowed(parent: list[str], asked: list[str]) -> list[str]:
         else:
             chosen = [p for p in mine if within(p, grant)]
         out += [g for g in chosen if g not in out]
+    return out
+
+
+def denies(allowed_tools: list[str]) -> list[str]:
+    """The MCP grants a run is denied (``!`` entries of its allowed_tools), without the ``!``."""
+    return [t[len(DENY) :] for t in allowed_tools if t.startswith(DENY)]
+
+
+def with_denies(allowed: list[str], *sources: list[str]) -> list[str]:
+    """``allowed`` and, after it, each deny (``!mcp__…``) of ``sources`` once: a child keeps
+    its parent's denies (``disallowedTools`` of MCP tools are inherited, as a missing builtin
+    is)."""
+    out = list(allowed)
+    for source in sources:
+        out += [d for d in source if d.startswith(DENY + PREFIX) and d not in out]
     return out
 
 

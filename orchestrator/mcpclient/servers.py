@@ -131,7 +131,8 @@ def offered(
     seen: set[str] = set()
     for tool in listed:
         name = tool_name(server, tool.name)
-        if not covers(grants, server, tool.name) or any(within(name, d) for d in deny):
+        low = name.lower()  # a deny holds for every spelling a server gives the name
+        if not covers(grants, server, tool.name) or any(within(low, d.lower()) for d in deny):
             continue
         if not tool_name_ok(name) or name in seen:
             notes.append(f"MCP server {server!r}: tool {clean(tool.name, 80)!r} left out (name)")
