@@ -324,3 +324,20 @@ def test_an_mcp_tool_denied_to_a_parent_is_denied_to_its_children(
     (refused,) = results(h, child)
     assert refused.get("is_error") and "unknown tool 'mcp__proj__probe'" in refused["content"]
     assert processes_with(mark) == []
+
+
+def test_a_declared_env_the_sandbox_refuses_is_one_line_not_a_failed_run(tmp_path: Path) -> None:
+    mark = f"mark-{uuid.uuid4().hex}"
+    repo = project(tmp_path, mark, prober=agent("prober", "mcp__proj__probe"))
+    decl = {"command": "python3", "args": ["tools/probe_server.py", mark], "env": {}}
+    decl["env"] = {"GITHUB_TOKEN": "x"}  # a secret-looking name: refused into the sandbox
+    (repo / ".mcp.json").write_text(json.dumps({"mcpServers": {"proj": decl}}))
+    h = harness(repo, child_script([call("mcp__proj__probe")], subagent_type="prober"))
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    child = child_of(h, root)
+    assert child.status == RunStatus.SUCCEEDED, child.error
+    (result,) = results(h, child)
+    said = result["content"]
+    assert result.get("is_error") and said.startswith("MCP server 'proj' did not start:"), said
+    assert "GITHUB_TOKEN" in said and "\n" not in said

@@ -78,6 +78,9 @@ def test_what_a_server_lists_is_cleaned_capped_and_never_a_builtin() -> None:
     assert tools[1].description == "t0 (MCP server s)"
     assert len(notes) == 4 and "schema 20,0" in notes[0] and "not an object" in notes[1]
     assert "'bad name!' left out" in notes[2] and "max_tools (3)" in notes[3]
+    hidden = listed[0].model_copy(update={"description": "see\u200b\U000e0041\u202e"})
+    (shown,) = offered("s", [hidden], ["mcp__*"], [], cfg, [])
+    assert shown.description == "see\\u200b\\ue0041\\u202e"  # nothing invisible to a person
     wordy = listed[0].model_copy(update={"description": "d" * 3000})
     long = offered("s", [wordy], ["mcp__*"], [], cfg, [])
     assert len(long[0].description) == 2000 + len(" [cut]")

@@ -27,6 +27,7 @@ from mcp.shared.exceptions import MCPError
 
 from ..config import McpSettings
 from ..errors import OrchError
+from ..untrusted import for_model
 from ..workspaces.piped import Piped
 from .declared import ServerDecl
 from .names import covers, parts, tool_name, tool_name_ok, within
@@ -38,8 +39,9 @@ MAX_PAGES = 10  # tools/list pages read
 
 
 def clean(text: object, limit: int) -> str:
-    """Text a server sent, as safe to show a model: no control characters, capped."""
-    out = _CONTROL.sub("", str(text))
+    """Text a server sent, as safe to show a model: no control characters, and what a
+    person would not see (bidi, zero-width, Unicode tags) written out; capped."""
+    out = for_model(_CONTROL.sub("", str(text)))
     return out if len(out) <= limit else out[:limit] + " [cut]"
 
 
@@ -188,7 +190,10 @@ async def start_server(
     if decl.user:  # the user's server starts in the sandbox's private /tmp, not the workspace:
         # `python -m x` or `npx x` must not load the repository's x with the user's env
         argv = ["/bin/sh", "-c", 'cd /tmp && exec "$@"', "mcp-server", *argv]
-    piped = await runtime.start(argv, env=env, more=decl.env)
+    try:
+        piped = await runtime.start(argv, env=env, more=decl.env)
+    except (ValueError, OSError) as e:  # a name the sandbox refuses, a NUL, no such program
+        raise OrchError(f"cannot start it: {clean(e, 300)}") from None
     stack.push_async_callback(piped.stop)
     streams = piped_streams(piped, link, max_line=cfg.max_line_bytes)
     read, write = await stack.enter_async_context(streams)
