@@ -503,3 +503,20 @@ def test_the_warm_process_sits_above_the_cli() -> None:
     client = ast.parse((package / "warm" / "client.py").read_text())
     froms = {n.module for n in ast.walk(client) if isinstance(n, ast.ImportFrom) and n.level}
     assert froms == {"process.unixsock", "process.warmhome"}
+
+
+def test_a_command_killed_by_sigkill_leaves_its_caller_killed_too_without_a_traceback(
+    w: Warm,
+) -> None:
+    w.started()
+    _script(w.repo.parent / "s.yaml",
+            {"tool_calls": [{"tool": "bash", "input": {"command": SLEEP}}]},
+            {"text": "never"})  # fmt: skip
+    proc = w.popen("task", "go", "--model", "scripted:../s.yaml")
+    store = open_store(w.repo)
+    [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
+    assert run.pid is not None
+    os.kill(run.pid, signal.SIGKILL)  # the forked command, not its caller
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, err)
+    assert "Traceback" not in err, err

@@ -211,7 +211,8 @@ class _Relay:
             return 1
         sig = ended.get("signal")
         if isinstance(sig, int):
-            signal.signal(sig, signal.SIG_DFL)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # no handler to reset for those
+                signal.signal(sig, signal.SIG_DFL)
             os.kill(os.getpid(), sig)  # leave as the command did
             return 128 + sig
         code = ended.get("exit")
