@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bwrap import profile as osbox
 from orchestrator.config import SandboxSettings
 from orchestrator.run import RunRecord, RunStatus
-from tests.support import Harness, harness, init_repo, task_call, tool_results
+from tests.support import Harness, harness, init_repo, need_bwrap, task_call, tool_results
 
 pytestmark = pytest.mark.bwrap
 
@@ -30,12 +29,8 @@ KEY = "MCP-PRIVATE-KEY-MARKER"
 
 
 @pytest.fixture(autouse=True)
-def need_bwrap() -> None:
-    reason = osbox.available()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"bubblewrap must work under CI: {reason}")
-        pytest.skip(f"bubblewrap cannot run here: {reason}")
+def bwrap() -> None:
+    need_bwrap()
 
 
 def agent(name: str, tools: str) -> str:
@@ -82,6 +77,16 @@ def child_script(calls: list[dict[str, Any]], **task: Any) -> dict[str, Any]:
         "conversations": [
             {"depth": 0, "turns": [{"tool_calls": [task_call("go", **task)]}, {"text": "ok"}]},
             {"depth": 1, "turns": [{"tool_calls": calls}, {"text": "done"}]},
+        ]
+    }
+
+
+def lead_then_prober() -> dict[str, Any]:
+    """``lead`` starts ``prober``, which calls ``mcp__proj__probe``."""
+    return {
+        "conversations": [
+            plays("lead", [task_call("go", subagent_type="prober")]),
+            plays("prober", [call("mcp__proj__probe")]),
         ]
     }
 
@@ -139,13 +144,7 @@ def test_a_child_never_gets_an_mcp_tool_its_parent_lacks(tmp_path: Path) -> None
         prober=agent("prober", "Read, mcp__proj__probe"),
         wide=agent("wide", "Task, mcp__proj__echo"),
     )
-    script = {
-        "conversations": [
-            plays("lead", [task_call("go", subagent_type="prober")]),
-            plays("prober", [call("mcp__proj__probe")]),
-        ]
-    }
-    h = harness(repo, script)
+    h = harness(repo, lead_then_prober())
     root = h.run(agent="lead")
     assert root.status == RunStatus.SUCCEEDED, root.error
     child = child_of(h, root)
@@ -308,13 +307,7 @@ def test_an_mcp_tool_denied_to_a_parent_is_denied_to_its_children(
         f"---\nname: lead\ndescription: lead\n{tools}disallowedTools: {lead_denies}\n---\nLead.\n"
     )
     repo = project(tmp_path, mark, lead=lead, prober=agent("prober", "Read, mcp__proj__probe"))
-    script = {
-        "conversations": [
-            plays("lead", [task_call("go", subagent_type="prober")]),
-            plays("prober", [call("mcp__proj__probe")]),
-        ]
-    }
-    h = harness(repo, script)
+    h = harness(repo, lead_then_prober())
     root = h.run(agent="lead")
     assert root.status == RunStatus.SUCCEEDED, root.error
     child = child_of(h, root)

@@ -11,9 +11,9 @@ import pytest
 
 from orchestrator.mcpclient.declared import load_declared
 from tests.support import init_repo, orch
-from tests.test_mcp_client import agent, need_bwrap, processes_with, project
+from tests.test_mcp_client import agent, bwrap, processes_with, project
 
-__all__ = ["need_bwrap"]
+__all__ = ["bwrap"]  # its autouse fixture, for this module too
 
 
 @pytest.mark.bwrap

@@ -119,7 +119,9 @@ def test_a_command_runs_in_the_warm_process_as_it_would_alone(w: Warm, tmp_path:
     assert w.pids() == [zygote]  # one warm process served them all
 
 
-def test_a_caller_killed_takes_its_command_with_it(w: Warm) -> None:
+def _sleeping(w: Warm) -> tuple[subprocess.Popen[str], int]:
+    """An `orch task` through the warm process whose agent's command sleeps; the pid of the
+    command forked for it."""
     w.started()
     _script(w.repo.parent / "s.yaml",
             {"tool_calls": [{"tool": "bash", "input": {"command": SLEEP}}]},
@@ -128,10 +130,15 @@ def test_a_caller_killed_takes_its_command_with_it(w: Warm) -> None:
     store = open_store(w.repo)
     [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
     assert run.pid is not None
+    return proc, run.pid
+
+
+def test_a_caller_killed_takes_its_command_with_it(w: Warm) -> None:
+    proc, pid = _sleeping(w)
     wait_for(lambda: not none_left(SLEEP, 0), 30, "the agent's command")
     proc.kill()
     proc.communicate(timeout=30)
-    assert gone(run.pid, 15)  # the command went with its caller
+    assert gone(pid, 15)  # the command went with its caller
     r = w.run("ps", "--all", "--json")  # and, as for any dead owner, reconcile cleans up
     assert [x["status"] for x in json.loads(r.stdout)] == ["interrupted"]
     assert none_left(SLEEP, 15), [(p, _parent(p)) for p in host_pids(SLEEP)]
@@ -508,15 +515,8 @@ def test_the_warm_process_sits_above_the_cli() -> None:
 def test_a_command_killed_by_sigkill_leaves_its_caller_killed_too_without_a_traceback(
     w: Warm,
 ) -> None:
-    w.started()
-    _script(w.repo.parent / "s.yaml",
-            {"tool_calls": [{"tool": "bash", "input": {"command": SLEEP}}]},
-            {"text": "never"})  # fmt: skip
-    proc = w.popen("task", "go", "--model", "scripted:../s.yaml")
-    store = open_store(w.repo)
-    [run] = wait_for(lambda: [r for r in store.list_runs() if r.pid], 30, "the run")
-    assert run.pid is not None
-    os.kill(run.pid, signal.SIGKILL)  # the forked command, not its caller
+    proc, pid = _sleeping(w)
+    os.kill(pid, signal.SIGKILL)  # the forked command, not its caller
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, err)
     assert "Traceback" not in err, err

@@ -47,6 +47,22 @@ BROKE = (
 KILL_GRACE_S = 5.0
 
 
+def create_exec(api: Any, cid: str, argv: list[str], *, user: str, env: Mapping[str, str]) -> str:
+    """An exec of ``argv`` in the container's workspace as ``user``, with stdin, stdout and
+    stderr attached and exactly ``env``; its id."""
+    made = api.exec_create(
+        cid,
+        argv,
+        stdin=True,
+        stdout=True,
+        stderr=True,
+        workdir=WORKSPACE,
+        user=user,
+        environment=dict(env),
+    )
+    return str(made["Id"])
+
+
 class _Pump:
     """Reads one exec's output in its own thread (so a long command never holds an executor
     worker) and resolves ``done`` on the loop when the stream ends."""
@@ -392,17 +408,7 @@ class Sandbox:
         api, cid = self.client.api, self.container_id
         deadline = time.monotonic() + timeout_s
         with docker_errors(self.cfg.image):
-            made = api.exec_create(
-                cid,
-                argv,
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                workdir=WORKSPACE,
-                user=self.user,
-                environment=env,
-            )
-            exec_id = str(made["Id"])
+            exec_id = create_exec(api, cid, argv, user=self.user, env=env)
             wrapped = api.exec_start(exec_id, socket=True)
         sock = getattr(wrapped, "_sock", wrapped)
         out, err = bytearray(), bytearray()

@@ -18,8 +18,7 @@ from typing import Any
 from ...errors import OrchError
 from ..piped import Tail
 from .channel import kill_exec_group
-from .docker import WORKSPACE
-from .dockerexec import Sandbox
+from .dockerexec import Sandbox, create_exec
 
 FRAME_MAX = 1 << 20  # docker sends at most 32 KiB a frame; more is a broken stream
 QUEUE = 16  # chunks of stdout waiting for the host
@@ -110,17 +109,8 @@ async def start_piped(
     api, cid = box.client.api, box.container_id
 
     def create() -> tuple[str, Any]:
-        made = api.exec_create(
-            cid,
-            argv,
-            stdin=True,
-            stdout=True,
-            stderr=True,
-            workdir=WORKSPACE,
-            user=box.user,
-            environment=allowed,
-        )
-        return str(made["Id"]), api.exec_start(str(made["Id"]), socket=True)
+        exec_id = create_exec(api, cid, argv, user=box.user, env=allowed)
+        return exec_id, api.exec_start(exec_id, socket=True)
 
     try:
         exec_id, wrapped = await asyncio.to_thread(create)
