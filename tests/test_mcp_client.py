@@ -334,3 +334,93 @@ def test_a_declared_env_the_sandbox_refuses_is_one_line_not_a_failed_run(tmp_pat
     said = result["content"]
     assert result.get("is_error") and said.startswith("MCP server 'proj' did not start:"), said
     assert "GITHUB_TOKEN" in said and "\n" not in said
+
+
+class RemoteServer:
+    """A streamable-HTTP MCP server on 127.0.0.1 (standard library: JSON answers)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []  # type: list[str]
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(405)
+                self.end_headers()
+
+            def do_DELETE(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                msg = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append(str(msg.get("method")))
+                if "id" not in msg:
+                    self.send_response(202)
+                    self.end_headers()
+                    return
+                params = msg.get("params") or {}
+                result: dict[str, Any] = {}
+                if msg["method"] == "initialize":
+                    result = {
+                        "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "remote", "version": "1"},
+                    }
+                elif msg["method"] == "tools/list":
+                    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+                    result = {"tools": [{"name": "echo", "inputSchema": schema}]}
+                elif msg["method"] == "tools/call":
+                    x = (params.get("arguments") or {}).get("x")
+                    result = {"content": [{"type": "text", "text": f"remote echo: {x}"}]}
+                body = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/mcp"
+        import threading
+
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_remote_server_is_reached_only_by_a_run_with_the_network(tmp_path: Path) -> None:
+    remote = RemoteServer()
+    try:
+        decl = {"type": "http", "url": remote.url}
+        files = {".mcp.json": json.dumps({"mcpServers": {"far": decl}})}
+        repo = init_repo(tmp_path / "proj", files)
+        mine = tmp_path / "mine"  # the user's agents: one of them on the host's network
+        mine.mkdir()
+        (mine / "near.md").write_text(agent("near", "mcp__far__echo"))
+        (mine / "wide.md").write_text(
+            "---\nname: wide\ndescription: wide\ntools: mcp__far__echo\nnetwork: host\n---\nW.\n"
+        )
+        for who, reached in (("near", False), ("wide", True)):
+            remote.seen.clear()
+            script = {"conversations": [plays(who, [call("mcp__far__echo", x="hi")])]}
+            h = harness(repo, script, agents_dirs=[mine])
+            root = h.run(agent=who)
+            assert root.status == RunStatus.SUCCEEDED, root.error
+            (event,) = [e for e in h.store.events(root.run_id) if e["kind"] == "mcp"]
+            (result,) = results(h, root)
+            if reached:
+                assert result["content"] == "remote echo: hi" and not result.get("is_error")
+                assert "initialize" in remote.seen and "tools/call" in remote.seen
+            else:
+                assert remote.seen == []  # not one request: the run has no network
+                assert "no network" in event["data"]["notes"][0], event
+                assert result.get("is_error")
+    finally:
+        remote.close()

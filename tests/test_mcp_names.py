@@ -86,7 +86,7 @@ def test_what_a_server_lists_is_cleaned_capped_and_never_a_builtin() -> None:
     assert len(long[0].description) == 2000 + len(" [cut]")
 
 
-def test_a_remote_server_is_not_offered_and_the_note_says_why() -> None:
+def test_a_remote_server_is_not_offered_without_the_network_and_the_note_says_why() -> None:
     import asyncio
 
     from orchestrator.config import McpSettings
@@ -113,8 +113,8 @@ def test_a_remote_server_is_not_offered_and_the_note_says_why() -> None:
     found = asyncio.run(opened())
     assert found.tools == []
     assert found.notes == [
-        "MCP server 'r' is remote (http); not offered: orch starts stdio servers only, "
-        "inside the run's sandbox",
+        "MCP server 'r' is remote (http); not offered: this run has no network (an agent or "
+        'settings with network = "host" reach it)',
         "MCP server 'ghost' is not declared (.mcp.json, ~/.orch/mcp.json or the agent's "
         "mcpServers); not offered",
     ]

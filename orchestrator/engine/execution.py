@@ -154,6 +154,7 @@ class Execution:
                     settings=self.settings,
                     store=store,
                     model=self.drive is None,
+                    network=ws.info().get("network") == "host",
                 ) as tools:
                     ctx = self._context(record, runtime, env, tools, spawner, notifications)
                     ctx.memory = memory

@@ -46,9 +46,11 @@ async def run_tools(
     settings: Settings,
     store: RunStore,
     model: bool = True,
+    network: bool = False,
 ) -> AsyncIterator[RunTools]:
     """``model``: the run is a model's loop (a driver's run, a team's, calls no tool: no
-    server starts for it)."""
+    server starts for it); ``network``: its tier reaches the network (a remote server may be
+    connected to)."""
     grants = [t for t in record.allowed_tools if is_mcp(t)]
     builtin = [t for t in record.allowed_tools if not is_mcp(t) and not t.startswith(DENY)]
     named = servers(grants) if model else []
@@ -67,7 +69,14 @@ async def run_tools(
     deny = denies(record.allowed_tools)  # its own disallowedTools and its ancestors'
     deny += [t for t in definition.disallowed_tools if is_mcp(t) and t not in deny]
     async with open_servers(
-        named, decls, grants=grants, deny=deny, runtime=runtime, env=env, cfg=settings.mcp
+        named,
+        decls,
+        grants=grants,
+        deny=deny,
+        runtime=runtime,
+        env=env,
+        cfg=settings.mcp,
+        network=network,
     ) as opened:
         mine: list[Tool] = [t for n in tools.names() if (t := tools.get(n)) is not None]
         mine += [McpTool(tool, conn) for tool, conn in opened.tools]

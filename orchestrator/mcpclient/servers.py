@@ -9,6 +9,8 @@ schema, both from an untrusted program, so cleaned and capped (``max_tools``,
 fails (it does not start, times out, crashes, says too much or nonsense) is one line: a note
 on the run for a server that never started, the tool error of each call after it broke.
 Leaving the ``async with`` closes every session and kills every server's process group.
+A remote server (http, sse) is connected to from orch's process, and only for a run whose
+tier has the network (:func:`connect_remote`).
 """
 
 from __future__ import annotations
@@ -197,6 +199,41 @@ async def start_server(
     stack.push_async_callback(piped.stop)
     streams = piped_streams(piped, link, max_line=cfg.max_line_bytes)
     read, write = await stack.enter_async_context(streams)
+    return await _initialized(stack, name, link, read, write, cfg)
+
+
+async def connect_remote(
+    stack: AsyncExitStack, name: str, decl: ServerDecl, cfg: McpSettings
+) -> tuple[Connection, list[types.Tool]]:
+    """Connect to a remote (http: streamable HTTP, sse) server from orch's process: only for
+    a run whose tier has the network (``open_servers``); OrchError with the one line."""
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    assert decl.url is not None
+    # entered without a deadline of ours (a transport's task group may not outlive a cancel
+    # scope it was made in): initialize's deadline below bounds a server that never answers
+    try:
+        if decl.type == "sse":
+            got = await stack.enter_async_context(sse_client(decl.url, dict(decl.headers)))
+        else:
+            client = create_mcp_http_client(headers=dict(decl.headers))
+            await stack.enter_async_context(client)
+            got = await stack.enter_async_context(
+                streamable_http_client(
+                    decl.url, http_client=client, max_sse_event_size=cfg.max_line_bytes
+                )
+            )
+    except Exception as e:
+        raise OrchError(f"cannot reach {decl.url}: {clean(type(e).__name__, 100)}") from None
+    return await _initialized(stack, name, Link(name), got[0], got[1], cfg)
+
+
+async def _initialized(
+    stack: AsyncExitStack, name: str, link: Link, read: Any, write: Any, cfg: McpSettings
+) -> tuple[Connection, list[types.Tool]]:
+    """The session over ``read``/``write``, initialized, and the server's tools."""
     session = await stack.enter_async_context(ClientSession(read, write))
     try:
         with anyio.fail_after(cfg.start_timeout_s):
@@ -222,9 +259,11 @@ async def open_servers(
     runtime: Starter,
     env: Mapping[str, str],
     cfg: McpSettings,
+    network: bool = False,
 ) -> AsyncIterator[RunServers]:
     """The servers ``names`` (declared in ``decls``) started for one run, open while the
-    ``async with`` lasts; none outlives it (cancel included)."""
+    ``async with`` lasts; none outlives it (cancel included). A remote one is connected to
+    only when the run's tier has the ``network``."""
     found = RunServers()
     async with AsyncExitStack() as outer:
         for name in names:
@@ -233,16 +272,19 @@ async def open_servers(
                 where = ".mcp.json, ~/.orch/mcp.json or the agent's mcpServers"
                 found.notes.append(f"MCP server {name!r} is not declared ({where}); not offered")
                 continue
-            if decl.type != "stdio":
+            if decl.type != "stdio" and not network:
                 found.notes.append(
-                    f"MCP server {name!r} is remote ({decl.type}); not offered: orch starts "
-                    "stdio servers only, inside the run's sandbox"
+                    f"MCP server {name!r} is remote ({decl.type}); not offered: this run has "
+                    'no network (an agent or settings with network = "host" reach it)'
                 )
                 continue
             inner = AsyncExitStack()
             await outer.enter_async_context(inner)
             try:
-                conn, listed = await start_server(inner, name, decl, runtime, env, cfg)
+                if decl.type == "stdio":
+                    conn, listed = await start_server(inner, name, decl, runtime, env, cfg)
+                else:
+                    conn, listed = await connect_remote(inner, name, decl, cfg)
             except OrchError as e:
                 await inner.aclose()
                 found.notes.append(f"MCP server {name!r} did not start: {e}")
