@@ -10,6 +10,7 @@ definition, never a crash. A file that cannot be loaded at all becomes a
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -299,7 +300,9 @@ class Catalog:
         """Whether ``agent`` comes from a file inside the project (the repository's own)."""
         if self.root is None or agent.source.startswith("bundled:") or not agent.source:
             return False
-        return Path(agent.source).resolve().is_relative_to(self.root.resolve())
+        # by the path it was loaded from, not where a link in it leads: a link the
+        # repository planted still makes the agent the repository's
+        return Path(os.path.abspath(agent.source)).is_relative_to(os.path.abspath(self.root))
 
     def agent(self, name: str) -> AgentDefinition:
         return _named(self.agents, "agent", name, UnknownAgent)

@@ -97,6 +97,15 @@ def spawned_event(record: RunRecord) -> dict[str, Any]:
     }
 
 
+def branch_line(art: dict[str, Any]) -> str:
+    """A branch artifact as a tool result shows it: name, commit, diffstat."""
+    return (
+        f"[branch {art.get('branch')} · commit {str(art.get('commit', ''))[:12]} · "
+        f"{art.get('files_changed', 0)} files +{art.get('insertions', 0)} "
+        f"-{art.get('deletions', 0)}]"
+    )
+
+
 def format_child_result(record: RunRecord, limit: int) -> ToolOutput:
     """The one tool_result a parent gets for a child: status line + final text as data."""
     u, ev = record.usage, record.evidence
@@ -110,11 +119,7 @@ def format_child_result(record: RunRecord, limit: int) -> ToolOutput:
     )
     for art in record.artifacts:
         if art.get("kind") == "branch":
-            status += (
-                f"\n[branch {art.get('branch')} · commit {str(art.get('commit', ''))[:12]} · "
-                f"{art.get('files_changed', 0)} files +{art.get('insertions', 0)} "
-                f"-{art.get('deletions', 0)}]"
-            )
+            status += "\n" + branch_line(art)
     failed = record.status != RunStatus.SUCCEEDED
     if failed:
         status += f"\n[reason: {record.error or record.status.value}]"

@@ -19,14 +19,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from ..branches import find_branch, merge
 from ..catalog.agent_trust import guard
 from ..catalog.definitions import Catalog, load_catalog
 from ..catalog.guidance import agent_catalog
 from ..engine.agent import cut
-from ..engine.delegation import format_child_result
+from ..engine.delegation import branch_line, format_child_result
 from ..engine.runner import Runner
 from ..errors import NotFound, UsageError
 from ..models import ModelProvider, whole_run
@@ -70,14 +69,6 @@ class Answer:
     is_error: bool = False
 
 
-def _branch_line(art: dict[str, Any]) -> str:
-    return (
-        f"[branch {art.get('branch')} · commit {str(art.get('commit', ''))[:12]} · "
-        f"{art.get('files_changed', 0)} files +{art.get('insertions', 0)} "
-        f"-{art.get('deletions', 0)}]"
-    )
-
-
 def _json(data: object) -> str:
     return json.dumps(data, indent=2, default=str)
 
@@ -89,7 +80,7 @@ class Desk:
     model_spec: str | None = None  # `orch mcp --model`: the default model of its runs
     limits: ServerLimits = field(default_factory=ServerLimits)
     runs: dict[str, asyncio.Task[RunRecord]] = field(default_factory=dict)  # foreground
-    started: list[str] = field(default_factory=list)  # every run it started
+    started: list[str] = field(default_factory=list)  # its runs not seen ended yet
     _runner: Runner | None = None
     _catalog: Catalog | None = None
     _exit: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
@@ -112,9 +103,8 @@ class Desk:
 
     # -- the runner ------------------------------------------------------------------------
     def catalog(self) -> Catalog:
-        """The project's agents under its trust, as ``orch task`` loads them."""
-        if self._runner is not None:
-            return self._runner.catalog
+        """The project's agents under its trust, as ``orch task`` loads them (once: the
+        runner gets this one)."""
         if self._catalog is None:
             dirs = agents_dirs(self.project.root, self.project.settings, self.agents_dirs)
             found = load_catalog(self.project.root, agents_dirs=dirs)
@@ -136,6 +126,7 @@ class Desk:
                 self.agents_dirs,
                 model_spec=self.model_spec,
                 overrides={"model": self.model_spec},
+                catalog=self.catalog(),
             )
             await self._exit.enter_async_context(runner.models)
             self._runner = runner
@@ -149,8 +140,8 @@ class Desk:
                 f"model {args.model!r} plays a whole run (a script): start the server with "
                 "`orch mcp --model ...` instead, or name a model alias or id"
             )
-        live = [r for r in self.started if not project.store.require_run(r).status.ended]
-        check_room(len(live), self.limits)
+        self.started = [r for r in self.started if not project.store.require_run(r).status.ended]
+        check_room(len(self.started), self.limits)
         if args.resume:
             spec = self._resumed(args)
         else:
@@ -301,7 +292,7 @@ class Desk:
         ]
         if res.error:
             lines.append(f"error: {res.error}")
-        lines += [_branch_line(a) for a in rec.artifacts if a.get("kind") == "branch"]
+        lines += [branch_line(a) for a in rec.artifacts if a.get("kind") == "branch"]
         where = f"the whole output: `orch result {rec.run_id} --json`"
         limit = self.project.settings.child_output_limit
         lines.append(cut(res.summary, limit, where) or "(no text yet)")

@@ -137,31 +137,23 @@ class Shell:
             raise OrchError("the workspace is closed")
         if self.spec.sandbox.os != "bwrap":
             raise OrchError('an MCP server runs only in the OS sandbox (sandbox.os = "bwrap")')
-        box_argv, process_env = confined(
-            argv,
-            spec=self.spec,
-            workspace=self.workspace,
-            read_only_within=self.read_only_within,
-            env=dict(env),
-            hidden_within=self.hidden_within,
-            more=more,
-        )
-        started = await start_process(
-            box_argv,
-            cwd=self.workspace,
-            env=process_env,
-            sink=self.spec.sink,
-            run_id=self.spec.run_id,
-            stdin=True,
-            stderr=True,
-        )
+        started = await self._start(argv, dict(env), stdin=True, stderr=True, more=more)
         return HostPiped(started)
 
     async def _make(self, env: dict[str, str]) -> Started:
         return await self._start(["bash", "-c", LOADER], env, stdin=True)
 
-    async def _start(self, argv: list[str], env: dict[str, str], stdin: bool = False) -> Started:
-        """``argv`` started in the workspace under the run's OS sandbox (``host.confined``)."""
+    async def _start(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        stdin: bool = False,
+        stderr: bool = False,
+        more: Mapping[str, str] | None = None,
+    ) -> Started:
+        """``argv`` started in the workspace under the run's OS sandbox (``host.confined``;
+        ``more``: set inside as given), registered as a process group of the run."""
         argv, process_env = confined(
             argv,
             spec=self.spec,
@@ -169,6 +161,7 @@ class Shell:
             read_only_within=self.read_only_within,
             env=env,
             hidden_within=self.hidden_within,
+            more=more,
         )
         return await start_process(
             argv,
@@ -177,6 +170,7 @@ class Shell:
             sink=self.spec.sink,
             run_id=self.spec.run_id,
             stdin=stdin,
+            stderr=stderr,
         )
 
     async def _take(self, env: Mapping[str, str]) -> Started | None:
