@@ -171,6 +171,7 @@ class Desk:
             data = {"task_id": record.run_id, "chain_id": record.chain_id, "status": "running"}
             return Answer(_json({**data, "collect_with": "task_output"}))
         job = asyncio.create_task(runner.run_handle(handle), name=f"mcp {handle.record.run_id}")
+        self.runs = {r: t for r, t in self.runs.items() if not t.done()}
         self.runs[handle.record.run_id] = job
         try:
             await self._watch(job, handle.record.run_id, progress)
@@ -222,7 +223,7 @@ class Desk:
         store = self.project.store
         rec = find_run(store, args.task_id)
         deadline = None if args.timeout_s is None else time.monotonic() + args.timeout_s
-        started = time.monotonic()
+        started = told = time.monotonic()
         while args.block and not rec.status.ended:
             if deadline is not None and time.monotonic() >= deadline:
                 break
@@ -236,8 +237,9 @@ class Desk:
                 await asyncio.sleep(min(wait, 0.2))
                 await asyncio.to_thread(reconcile, store)
             rec = store.require_run(rec.run_id)
-            if not rec.status.ended:
-                await progress(time.monotonic() - started, self._doing(rec.run_id))
+            if not rec.status.ended and time.monotonic() - told >= PROGRESS_EVERY_S:
+                told = time.monotonic()  # progress every few seconds, however often it looks
+                await progress(told - started, self._doing(rec.run_id))
         if rec.status.ended:
             return self._result(rec)
         data = {
