@@ -63,11 +63,10 @@ async def run_tools(
     from ..tools.mcptool import McpTool
 
     decls = {**catalog.mcp.servers} if catalog.mcp is not None else {}
-    if catalog.from_repository(definition):  # the user's servers (their env: the user's
-        decls = {n: d for n, d in decls.items() if not d.user}  # secrets) are the user's
+    if catalog.from_repository(definition):  # the user's servers (their env may hold the
+        decls = {n: d for n, d in decls.items() if not d.user}  # user's secrets): not for it
     decls.update({n: d for n, d in definition.mcp_servers.items() if d is not None})
-    deny = denies(record.allowed_tools)  # its own disallowedTools and its ancestors'
-    deny += [t for t in definition.disallowed_tools if is_mcp(t) and t not in deny]
+    deny = denies(record.allowed_tools)  # its own disallowedTools and its ancestors' (admission)
     async with open_servers(
         named,
         decls,
