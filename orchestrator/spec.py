@@ -52,6 +52,17 @@ class Budgets(BaseModel):
     tokens: int | None = Field(default=None, ge=1)  # tokens in total (max_chain_tokens)
 
 
+class DriverCall(BaseModel):
+    """A run whose body is orchestration code (a team), not a model's loop: the kind of
+    driver and its parameters, kept with the run so another process (a detached worker,
+    ``orch resume``) rebuilds the same driver (``Runner.drivers``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +81,7 @@ class RunSpec(BaseModel):
     # A run id: continue that ended run's conversation with ``prompt`` as the next user
     # message (a new run, same agent, tier, branch and chain; see admission.resumable).
     resume: str | None = None
+    driver: DriverCall | None = None  # a root run driven by code (``Runner.drivers``)
 
 
 class RunPlan(BaseModel):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.teams.driver import KIND, team_driver
 from orchestrator.bwrap.profile import bwrap_choice
 from orchestrator.catalog.definitions import Catalog, load_catalog
 from orchestrator.config import Settings
@@ -81,7 +82,12 @@ def harness(
     catalog = load_catalog(root, agents_dirs=agents_dirs or [])
     provider = ModelProvider(cfg, scripted=model)
     runner = Runner(
-        settings=cfg, store=store, catalog=catalog, models=provider, provision=provision
+        settings=cfg,
+        store=store,
+        catalog=catalog,
+        models=provider,
+        provision=provision,
+        drivers={KIND: team_driver},
     )
     return Harness(root, store, model, runner, catalog)
 

@@ -23,7 +23,8 @@ from orchestrator.branches import merge
 from orchestrator.config import SandboxSettings
 from orchestrator.errors import UsageError
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.teams.pair import run_team
+from orchestrator.teams.driver import run_team
+from orchestrator.teams.plan import make_plan
 from orchestrator.workspaces.container import ContainerConfig
 from orchestrator.workspaces.container.inside import files as inbox
 from orchestrator.workspaces.container.runtime import parse_reply
@@ -360,7 +361,12 @@ def test_a_container_team_writes_and_reviews_in_containers(repo: Path, sandbox_i
     ]}  # fmt: skip
     h = boxed(repo, script, image=sandbox_image)
     result = asyncio.run(
-        run_team(h.runner, prompt="add", workdir=repo, isolation="container", merge=True)
+        run_team(
+            h.runner,
+            prompt="add",
+            workdir=repo,
+            plan=make_plan(None, None, isolation="container", merge="merge"),
+        )
     )
     assert result.approved and result.merged, result.error
     kids = h.runs(result.chain_id)[1:]

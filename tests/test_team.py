@@ -18,7 +18,9 @@ from orchestrator.cli.main import app
 from orchestrator.cli.team import team_app
 from orchestrator.errors import UsageError
 from orchestrator.run import RunStatus
-from orchestrator.teams.pair import TeamResult, run_team
+from orchestrator.teams.driver import run_team
+from orchestrator.teams.plan import make_plan
+from orchestrator.teams.progress import TeamResult
 from orchestrator.teams.review import VerdictError, parse_verdict
 from tests.support import Harness, harness, init_repo
 
@@ -62,7 +64,13 @@ def writer(content: str, reply: str, prompt: str | None = None) -> dict[str, Any
 
 
 def team(h: Harness, **kwargs: Any) -> TeamResult:
-    return asyncio.run(run_team(h.runner, prompt=TASK, workdir=h.root, **kwargs))
+    """A team run with flags as ``orch team run`` takes them (``reviewer``: one agent)."""
+    if "reviewer" in kwargs:
+        kwargs["reviewers"] = [kwargs.pop("reviewer")]
+    if "merge" in kwargs:
+        kwargs["merge"] = "merge" if kwargs["merge"] else "none"
+    plan = make_plan(None, None, **kwargs)
+    return asyncio.run(run_team(h.runner, prompt=TASK, workdir=h.root, plan=plan))
 
 
 pytestmark = pytest.mark.usefixtures("hermetic_git")
@@ -84,7 +92,7 @@ def test_approved_in_round_two_on_one_branch_in_one_chain(repo: Path) -> None:
         "conversations": [
             writer(BUGGY, "Implemented add."),
             review(verdict("changes_requested", "add is wrong.", [COMMENT])),
-            writer(FIXED, "Fixed add.", prompt=r"calc\.py:2: add subtracts"),
+            writer(FIXED, "Fixed add."),
             {
                 "agent": "reviewer",
                 "prompt": "Review round 2 of 3",
@@ -144,8 +152,11 @@ def test_approved_in_round_two_on_one_branch_in_one_chain(repo: Path) -> None:
 
     # the prompts: the writer's second round carries the comments, the reviewer gets the diff
     assert h.requests_of(kids[0].run_id)[0].messages == [{"role": "user", "content": TASK}]
-    second = h.requests_of(kids[2].run_id)[0].messages[0]["content"]
-    assert COMMENT["comment"] in second and result.branch in second and "same branch" in second
+    # the writer goes on in its own conversation: the comments, tagged, are its next message
+    assert kids[2].resumed_from == kids[0].run_id
+    second = h.requests_of(kids[2].run_id)[0].messages[-1]["content"]
+    assert f"[reviewer] calc.py:2: {COMMENT['comment']}" in str(second)
+    assert "same branch" in str(second)
     review_one = h.requests_of(kids[1].run_id)[0].messages[0]["content"]
     assert "+    return a - b" in review_one and "-    raise NotImplementedError" in review_one
     assert TASK in review_one and '"verdict"' in review_one
@@ -210,7 +221,7 @@ def test_malformed_twice_fails_the_round_clearly(repo: Path) -> None:
     assert not result.approved and result.exit_code == 1 and result.verdicts == []
     assert result.rounds == 1 and len(result.runs) == 3  # no second writer round
     assert result.error is not None
-    assert result.error.startswith("round 1: the reviewer's verdict was malformed twice")
+    assert result.error.startswith("round 1: the verdict of reviewer reviewer was malformed twice")
     assert "verdict: Input should be 'approve' or 'changes_requested'" in result.error
     assert all(r.run_id in result.error for r in result.runs[1:])
     assert h.store.require_run(result.root_run_id).status == RunStatus.FAILED
@@ -293,7 +304,9 @@ def test_cancel_from_another_terminal_ends_the_team(repo: Path) -> None:
     h = harness(repo, {"conversations": [slow]})
 
     async def body() -> TeamResult:
-        job = asyncio.create_task(run_team(h.runner, prompt=TASK, workdir=h.root))
+        job = asyncio.create_task(
+            run_team(h.runner, prompt=TASK, workdir=h.root, plan=make_plan(None, None))
+        )
         for _ in range(500):  # until the writer has started (it then waits 30 s for a reply)
             await asyncio.sleep(0.02)
             if [r for r in h.store.list_runs() if r.agent == "writer" and r.started_at]:
@@ -313,15 +326,17 @@ def test_cancel_from_another_terminal_ends_the_team(repo: Path) -> None:
 
 def test_refusals_are_clear(repo: Path, tmp_path: Path) -> None:
     h = harness(repo, {"conversations": [{"turns": [{"text": "unused"}]}]})
-    with pytest.raises(UsageError, match="read-only.*'general' has bash, edit_file, write_file"):
+    with pytest.raises(
+        UsageError, match=r"reviewer 'general' has tools that write \(bash, edit_file, write_file\)"
+    ):
         team(h, reviewer="general")
-    with pytest.raises(UsageError, match="worktree or container"):
+    with pytest.raises(UsageError, match="isolation: Input should be 'worktree' or 'container'"):
         team(h, isolation="shared")
-    with pytest.raises(UsageError, match="at least 1"):
+    with pytest.raises(UsageError, match="rounds: Input should be greater than or equal to 1"):
         team(h, rounds=0)
     with pytest.raises(UsageError, match="max_depth to 1 or more"):
         team(harness(repo, {"conversations": [{"turns": [{"text": "x"}]}]}, max_depth=0))
-    with pytest.raises(UsageError, match="unknown agent 'nobody'"):
+    with pytest.raises(UsageError, match="writer 'nobody' is not an agent"):
         team(h, writer="nobody")
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -386,7 +401,7 @@ def test_cli_team_run_json_end_to_end(repo: Path) -> None:
         [
             writer(BUGGY, "v1"),
             review(verdict("changes_requested", "Wrong sign.", [COMMENT])),
-            writer(FIXED, "v2", prompt="add subtracts"),
+            writer(FIXED, "v2"),
             review(verdict("approve", "Good.")),
         ],
     )
@@ -398,7 +413,7 @@ def test_cli_team_run_json_end_to_end(repo: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert set(data) == set(TeamResult.model_fields)
+    assert set(data) == {*TeamResult.model_fields, *TeamResult.model_computed_fields}
     assert data["approved"] and data["merged"] and data["rounds"] == 2
     assert data["status"] == "succeeded" and data["error"] is None
     assert [v["verdict"] for v in data["verdicts"]] == ["changes_requested", "approve"]

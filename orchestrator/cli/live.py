@@ -10,6 +10,7 @@ records as ``orch ps``), whichever process writes them. Every cell is one line c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -17,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
@@ -29,6 +30,10 @@ from ..store import RunStore
 from .common import STATUS_STYLE
 from .fit import Column, FitTable, cell
 from .safe import safe_text, shown
+
+if TYPE_CHECKING:
+    from ..engine.runner import Runner
+    from ..spec import RunSpec
 
 LiveView = Callable[[RunRecord], AbstractContextManager[Any]]
 POLL_S = 0.2  # five frames a second: lively, and a store read of a few rows each
@@ -229,3 +234,23 @@ def branch_lines(runs: list[RunRecord]) -> list[Text]:
             lines.append(line)
             lines.append(Text(diffstat(*n)))
     return lines
+
+
+def run_tree(runner: Runner, spec: RunSpec, view: LiveView | None = None) -> RunRecord:
+    """Run a root spec to its end (shown by ``view`` meanwhile, if given); in the
+    background: store it, then detach it (out of the event loop: it may wait for a host)."""
+    from ..process.detach import detach
+    from ..project.paths import project_root
+
+    async def go() -> RunRecord:
+        async with runner.models:
+            handle = await runner.spawn(spec)
+            if spec.background:
+                return handle.record
+            with view(handle.record) if view else contextlib.nullcontext():
+                return await runner.run_handle(handle)
+
+    record = asyncio.run(go())
+    if spec.background:
+        record = detach(project_root(spec.workdir), record, runner.store, runner.settings.store)
+    return record

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import contextlib
 import functools
 import math
 import os
@@ -36,7 +34,7 @@ from .common import (
     stop_on_sigterm,
 )
 from .helpstyle import OrchGroup
-from .live import LiveView, branch_lines, live_view
+from .live import branch_lines, live_view, run_tree
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
@@ -70,7 +68,7 @@ def _register_subapps() -> None:
     from .team import team_app
     from .worktrees import worktrees_app
 
-    app.add_typer(team_app, name="team", help="A writer and a reviewer on one branch.")
+    app.add_typer(team_app, name="team", help="Teams: writers, a test gate, reviewers.")
     app.add_typer(
         sandbox_app, name="sandbox", help="Container sandboxes: build, config, ps, prune."
     )
@@ -91,26 +89,6 @@ def _register_subapps() -> None:
 
 def is_git_repo(path: Path) -> bool:
     return (path / ".git").exists()
-
-
-def run_tree(runner: Runner, spec: RunSpec, view: LiveView | None = None) -> RunRecord:
-    """Run a root spec to its end (shown by ``view`` meanwhile, if given); in the
-    background: store it, then detach it (out of the event loop: it may wait for a host)."""
-    from ..process.detach import detach
-    from ..project.paths import project_root
-
-    async def go() -> RunRecord:
-        async with runner.models:
-            handle = await runner.spawn(spec)
-            if spec.background:
-                return handle.record
-            with view(handle.record) if view else contextlib.nullcontext():
-                return await runner.run_handle(handle)
-
-    record = asyncio.run(go())
-    if spec.background:
-        record = detach(project_root(spec.workdir), record, runner.store, runner.settings.store)
-    return record
 
 
 def report(
@@ -266,7 +244,10 @@ def _run_root(
 @handles_errors
 def resume(
     run_id: Annotated[str, typer.Argument(help="An ended root run (id or unique prefix).")],
-    prompt: Annotated[str, typer.Argument(help="What it should do next.")],
+    prompt: Annotated[
+        str | None,
+        typer.Argument(help="What it should do next (a team: optional, a note to its writers)."),
+    ] = None,
     background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
     model: Annotated[
         str | None, typer.Option(help="Alias, id, or scripted:FILE (default: the run's).")
@@ -278,14 +259,18 @@ def resume(
     """Continue an ended root run: its conversation, workspace and branch, with PROMPT next.
 
     A new run (its record says resumed_from) in the same delegation tree, with the same agent
-    and isolation; a child run is resumed by its parent agent (the task tool's resume)."""
-    if not prompt.strip():
-        raise UsageError("the prompt is empty; say what the agent should do next")
+    and isolation; a child run is resumed by its parent agent (the task tool's resume). A team
+    run goes on from its last round (orch team status shows it)."""
     from ..models import ModelProvider, portable, whole_run
     from ..spec import RunSpec
 
     project = open_project(workdir, model=model)
     old = find_run(project.store, run_id)
+    team = old.plan is not None and old.plan.spec.driver is not None
+    if prompt is None and team:
+        prompt = old.prompt  # the team's task: nothing added for its writers
+    if prompt is None or not prompt.strip():
+        raise UsageError("the prompt is empty; say what the agent should do next")
     if background and model:
         model = portable(model)  # a detached process reads it from elsewhere
     provider = ModelProvider(project.settings, model)

@@ -1,101 +1,250 @@
-"""`orch team run`: a writer and a reviewer taking turns on one branch (teams/pair.py)."""
+"""`orch team`: committed teams (``.orch/teams/NAME.toml``) and team runs (teams/driver.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
+from ..errors import UsageError
 from .common import WorkdirOpt, err, handles_errors, open_project, out, print_json
-from .safe import safe_markup as escape  # also writes out control characters
+from .live import live_view, run_tree
 from .safe import safe_text
 from .worktrees import AllowControlOpt
 
 if TYPE_CHECKING:  # the engine is imported when a team runs, keeping other commands fast
-    from ..teams.pair import TeamResult
+    from ..catalog.definitions import Catalog
+    from ..process.opened import Project
+    from ..teams.progress import TeamResult
+    from ..tools.base import ToolRegistry
 
 team_app = typer.Typer(
-    help="Teams: a writer and a reviewer taking turns on one branch until it is approved.",
+    help="Teams: writers, a test gate and reviewers taking rounds until the reviewers approve.",
     no_args_is_help=True,
     add_completion=False,
 )
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+AgentsDirOpt = Annotated[
+    list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
+]
+
 
 @team_app.callback()
 def team_callback() -> None:
-    """Teams: a writer and a reviewer taking turns on one branch until it is approved."""
+    """Teams: writers, a test gate and reviewers taking rounds until the reviewers approve.
+
+    A team is committed as .orch/teams/NAME.toml; `orch team run --team NAME PROMPT` runs it."""
 
 
 def show(result: TeamResult) -> None:
+    from ..teams.summary import summary
+
     out.print(f"[bold]team[/] {result.root_run_id} · chain {result.chain_id}")
-    if result.branch:
-        out.print(f"branch  {escape(result.branch)} at {(result.commit or '')[:12]}")
-    out.print(f"rounds  {result.rounds} of {result.max_rounds}")
-    for i, v in enumerate(result.verdicts, 1):
-        style = "green" if v.approved else "yellow"
-        out.print(f"review {i}: [{style}]{escape(v.verdict)}[/] {escape(v.summary)}")
-        for c in v.comments:
-            out.print(f"  - {escape(c.path)}:{c.line}: {escape(c.comment)}")
-    if result.merged:
-        out.print(f"[green]merged[/] into your HEAD at {(result.merge_commit or '')[:12]}")
-    if result.approved and result.error is None:
-        out.print("[green]approved[/]")
+    for line in summary(result).splitlines():
+        out.print(safe_text(line))
     out.print(f"[dim]the runs: orch tree {result.root_run_id}[/]")
+
+
+def _catalog(project: Project, agents_dir: list[Path]) -> tuple[Catalog, ToolRegistry]:
+    """The agents and tools a team is checked against (those its run would have)."""
+    from ..catalog.agent_trust import guard
+    from ..catalog.definitions import load_catalog
+    from ..process.rebuild import agents_dirs
+    from ..tools import builtin_tools
+    from ..tools.base import ToolRegistry
+    from ..tools.delegate import delegation_tools
+
+    dirs = agents_dirs(project.root, project.settings, agents_dir)
+    catalog = guard(project.trust, load_catalog(project.root, agents_dirs=dirs))
+    return catalog, ToolRegistry([*builtin_tools(), *delegation_tools()])
+
+
+@team_app.command("list")
+@handles_errors
+def list_teams(workdir: WorkdirOpt = None, as_json: JsonOpt = False) -> None:
+    """The committed teams of this repository (.orch/teams/*.toml)."""
+    from ..teams.plan import TEAMS_DIR, load_team, team_names
+
+    project = open_project(workdir)
+    rows: list[dict[str, str | None]] = []
+    for name in team_names(project.root):
+        try:
+            rows.append({"name": name, "description": load_team(project.root, name).description})
+        except UsageError as e:
+            rows.append({"name": name, "description": None, "error": str(e)})
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        err.print(f"no teams: commit one as {TEAMS_DIR}/NAME.toml (see docs/AGENTS.md)")
+    for row in rows:
+        text = row.get("error") or row["description"] or ""
+        out.print(safe_text(f"{row['name']}  {text}"))
+
+
+@team_app.command("show")
+@handles_errors
+def show_team(
+    name: Annotated[str, typer.Argument(help="A team's name (its file's, without .toml).")],
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A team's settings, the defaults filled in."""
+    from ..teams.plan import load_team
+
+    project = open_project(workdir)
+    team = load_team(project.root, name)
+    data = team.model_dump(mode="json")
+    if as_json:
+        print_json({"name": name, **data})
+        return
+    for key, value in data.items():
+        out.print(safe_text(f"{key} = {value!r}"))
+
+
+@team_app.command("validate")
+@handles_errors
+def validate(
+    name: Annotated[str | None, typer.Argument(help="One team (default: every one).")] = None,
+    agents_dir: AgentsDirOpt = None,
+    workdir: WorkdirOpt = None,
+) -> None:
+    """Check team files against the agents here; exit 1 when one is wrong."""
+    from ..teams.plan import TEAMS_DIR, check_file_models, check_plan, load_team, make_plan
+    from ..teams.plan import team_names as names_of
+
+    project = open_project(workdir)
+    catalog, tools = _catalog(project, agents_dir or [])
+    names = [name] if name is not None else names_of(project.root)
+    if not names:
+        err.print(f"no teams: commit one as {TEAMS_DIR}/NAME.toml (see docs/AGENTS.md)")
+    bad = 0
+    for team in names:
+        try:
+            file = load_team(project.root, team)
+            check_file_models(file, f"{TEAMS_DIR}/{team}.toml", trusted=project.trust.honoured)
+            check_plan(make_plan(file, team), catalog, tools)
+        except UsageError as e:
+            bad += 1
+            err.print(safe_text(f"orch: {e}"))
+            continue
+        out.print(safe_text(f"ok  {team}"))
+    raise typer.Exit(1 if bad else 0)
 
 
 @team_app.command("run")
 @handles_errors
 def run(
-    prompt: Annotated[str, typer.Argument(help="What the writer should do.")],
-    writer: Annotated[str, typer.Option("--writer", help="Writer agent.")] = "writer",
+    prompt: Annotated[str, typer.Argument(help="What the writers should do.")],
+    team: Annotated[
+        str | None, typer.Option("--team", "-t", help="A committed team (.orch/teams/NAME.toml).")
+    ] = None,
+    writer: Annotated[str | None, typer.Option("--writer", help="Writer agent.")] = None,
+    writers: Annotated[
+        int | None, typer.Option("--writers", min=1, help="Writers in parallel (best of N).")
+    ] = None,
     reviewer: Annotated[
-        str, typer.Option("--reviewer", help="Reviewer agent (read-only tools only).")
-    ] = "reviewer",
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Rounds at most.")] = 3,
+        list[str] | None,
+        typer.Option("--reviewer", help="Reviewer agent, read-only (repeat for several)."),
+    ] = None,
+    approve: Annotated[
+        Literal["all", "majority", "any"] | None,
+        typer.Option(help="Which reviewers must approve."),
+    ] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Rounds at most.")] = None,
+    gate: Annotated[
+        str | None, typer.Option("--gate", help="Test command run in the writer's sandbox.")
+    ] = None,
+    gate_timeout: Annotated[
+        float | None, typer.Option("--gate-timeout", min=0.001, help="Seconds; over it fails.")
+    ] = None,
     isolation: Annotated[
-        Literal["worktree", "container"],
-        typer.Option(help="Where the writer works: a git worktree, or a Docker container."),
-    ] = "worktree",
+        Literal["worktree", "container"] | None,
+        typer.Option(help="Where the writers work: a git worktree, or a Docker container."),
+    ] = None,
     merge: Annotated[
-        bool, typer.Option("--merge", help="Merge the branch into your HEAD when approved.")
-    ] = False,
+        bool | None,
+        typer.Option("--merge/--no-merge", help="Merge the approved branch into your HEAD."),
+    ] = None,
+    squash: Annotated[bool, typer.Option("--squash", help="Merge it as one commit.")] = False,
     allow_control_files: AllowControlOpt = False,  # with --merge
     model: Annotated[
         str | None, typer.Option(help="Alias (sonnet/opus/haiku), id, or scripted:FILE.")
     ] = None,
-    agents_dir: Annotated[
-        list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
-    ] = None,
+    writer_model: Annotated[str | None, typer.Option(help="The writers' model.")] = None,
+    reviewer_model: Annotated[str | None, typer.Option(help="The reviewers' model.")] = None,
+    background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
+    agents_dir: AgentsDirOpt = None,
     workdir: WorkdirOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Writer and reviewer on one branch until approved; exit 0 on approve, 1 otherwise."""
-    from ..models import ModelProvider
-    from ..process.command import make_runner
-    from ..teams.pair import run_team
+    """Run a team on PROMPT; exit 0 when the reviewers approve, 1 otherwise.
 
+    Flags override the team file; without --team, the default team (writer + reviewer)."""
+    from ..models import ModelProvider, portable
+    from ..process.command import make_runner
+    from ..teams.driver import base_commit, team_spec
+    from ..teams.plan import TEAMS_DIR, check_file_models, check_plan, load_team, make_plan
+    from ..teams.progress import read_result
+
+    if not prompt.strip():
+        raise UsageError("the prompt is empty; say what the writers should do")
+    if gate_timeout is not None and not math.isfinite(gate_timeout):
+        raise UsageError("--gate-timeout must be a number of seconds greater than 0")
     project = open_project(workdir, model=model)
+    file = load_team(project.root, team) if team is not None else None
+    if file is not None:
+        where = f"{TEAMS_DIR}/{team}.toml"
+        check_file_models(file, where, trusted=project.trust.honoured)
+    mode = "squash" if squash else {True: "merge", False: "none", None: None}[merge]
+    plan = make_plan(
+        file,
+        team,
+        writer=writer,
+        writers=writers,
+        reviewers=reviewer or None,
+        approve=approve,
+        rounds=rounds,
+        gate=gate,
+        gate_timeout=gate_timeout,
+        isolation=isolation,
+        merge=mode,
+        allow_control_files=allow_control_files or None,
+        models={
+            "writer": writer_model or (file.models.writer if file else None),
+            "reviewers": reviewer_model or (file.models.reviewers if file else None),
+        },
+    )
+    if background and model:
+        model = portable(model)  # a detached process reads it from elsewhere
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
-    runner = make_runner(project, provider, agents_dir or [])
-
-    async def go() -> TeamResult:
-        async with provider:
-            return await run_team(
-                runner,
-                prompt=prompt,
-                workdir=project.workdir,
-                writer=writer,
-                reviewer=reviewer,
-                rounds=rounds,
-                isolation=isolation,
-                merge=merge,
-                allow_control_files=allow_control_files,
-            )
-
-    result = asyncio.run(go())
+    runner = make_runner(
+        project, provider, agents_dir or [], model_spec=model, overrides={"model": model}
+    )
+    check_plan(plan, runner.catalog, runner.tools)
+    if runner.settings.max_depth < 1:
+        raise UsageError(
+            "a team's writers and reviewers run at depth 1; set max_depth to 1 or more"
+        )
+    asyncio.run(base_commit(project.workdir))  # no repository, no commit: one line, nothing run
+    spec = team_spec(prompt, project.workdir, plan, background=background)
+    view = None if background else live_view(project.store, err, as_json)
+    record = run_tree(runner, spec, view)
+    if background:
+        if as_json:
+            print_json({"run_id": record.run_id, "chain_id": record.chain_id, "status": "running"})
+        else:
+            out.print(record.run_id)
+            err.print(f"orch: team running in the background; `orch team status {record.run_id}`")
+        return
+    result = read_result(project.store, project.store.require_run(record.run_id))
+    if result is None:
+        raise UsageError(f"team run {record.run_id} {record.status.value}: {record.error}")
     code = result.exit_code
     if as_json:
         print_json(result.model_dump(mode="json"))
@@ -110,3 +259,29 @@ def run(
         )
         code = 1
     raise typer.Exit(code)
+
+
+@team_app.command("status")
+@handles_errors
+def status(
+    run_id: Annotated[str, typer.Argument(help="A team run (its root's id or a prefix).")],
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where a team run stands: its round, gate results, verdicts and branch."""
+    from ..process.opened import find_run
+    from ..teams.progress import read_result
+
+    project = open_project(workdir, quiet=True)
+    record = find_run(project.store, run_id)
+    result = read_result(project.store, record)
+    if result is None:
+        raise UsageError(
+            f"run {record.run_id} is not a team run (or has not started); "
+            "`orch ps` lists runs, team roots have agent 'team'"
+        )
+    if as_json:
+        print_json(result.model_dump(mode="json"))
+        return
+    show(result)
+    out.print(f"status  {result.status.value}")

@@ -151,7 +151,8 @@ class Admission:
                 f"cannot resume {rid}: it is still {old.status.value}; wait for it "
                 "(task_output) or stop it (task_stop) first"
             )
-        if self.store.transcript(rid) is None:
+        driven = old.plan is not None and old.plan.spec.driver is not None
+        if not driven and self.store.transcript(rid) is None:  # a driver keeps its own state
             raise OrchError(
                 f"cannot resume {rid}: its conversation was not kept (transcript_retention_days); "
                 "start a new task"
@@ -193,6 +194,7 @@ class Admission:
                 "model": spec.model or old.model,
                 "workdir": before.workdir,
                 "workspace": tier,
+                "driver": spec.driver or before.driver,
             }
         )
 

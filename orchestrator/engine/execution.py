@@ -41,7 +41,8 @@ from .memory import MemorySource
 from .owner import me, this_node
 
 Provision = Callable[[TierConfig, WorkspaceSpec], Workspace]
-Drive = Callable[[RunRecord], Awaitable[LoopOutcome]]
+# a driver's body: the run's record, its workspace's runtime, its commands' environment
+Drive = Callable[[RunRecord, Runtime, dict[str, str]], Awaitable[LoopOutcome]]
 
 
 @dataclass
@@ -270,7 +271,7 @@ class Execution:
                     return LoopOutcome(RunStatus.FAILED, "", why)
             async with asyncio.timeout(timeout_seconds), stall:
                 if self.drive is not None:
-                    return await self.drive(record)
+                    return await self.drive(record, ctx.tool_ctx.runtime, ctx.env)
                 history = None
                 if record.resumed_from is not None:
                     history = self.store.transcript(record.resumed_from)

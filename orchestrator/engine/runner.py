@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,22 +45,41 @@ from ..store import ChainFull, RunStore, store_paths
 from ..tools import builtin_tools
 from ..tools.base import Tool, ToolRegistry
 from ..tools.delegate import delegation_tools
+from ..workspaces.base import Runtime
 from .admission import Admission
 from .agent import LoopOutcome
 from .creations import Creations
 from .delegation import Executor, RunHandle, spawned_event
-from .execution import Execution, LiveRun, Provision
+from .execution import Drive, Execution, LiveRun, Provision
 from .gate import Places
 from .memory import MemorySource, memory_source
 from .owner import supervised
 
 
+@dataclass
+class Driven:
+    """What a driver's run gives its driver: its record, the runner (to start children),
+    and its workspace's runtime with the environment of its commands."""
+
+    record: RunRecord
+    runner: Runner
+    runtime: Runtime
+    env: dict[str, str]
+
+
 class Driver(Protocol):
-    """Orchestration code run as a run of its own (e.g. a team's root) instead of a model."""
+    """Orchestration code run as a run of its own (a team's root, a team's test gate)
+    instead of a model."""
 
     definition: AgentDefinition
 
-    async def drive(self, record: RunRecord, runner: Runner) -> LoopOutcome: ...
+    async def drive(self, run: Driven) -> LoopOutcome: ...
+
+
+# How a stored ``RunSpec.driver`` (a kind and its parameters) becomes its driver again: in
+# the process that starts it, a detached worker that adopts it, or ``orch resume``. Made
+# outside the engine (``process/rebuild.py``): the drivers import the engine, not the reverse.
+DriverFactory = Callable[["Runner", Mapping[str, Any]], Driver]
 
 
 class Runner:
@@ -74,6 +94,7 @@ class Runner:
         launch: Launch | None = None,
         provision: Provision | None = None,
         executor: Executor | None = None,
+        drivers: Mapping[str, DriverFactory] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -88,6 +109,7 @@ class Runner:
         # How a tier config becomes a workspace (tests inject a fake runtime here).
         self.provision: Provision = provision or (lambda config, spec: config.provision(spec))
         self.executor = executor  # None: every run executes in this process
+        self.drivers: dict[str, DriverFactory] = dict(drivers or {})
         self.live: dict[str, LiveRun] = {}  # runs admitted or adopted here, not yet ended
         self.held: dict[str, str] = {}  # run id -> the status its ending held back (on a node)
         self.places = Places(settings.max_parallel_children, settings.max_chain_running)
@@ -106,12 +128,31 @@ class Runner:
     # -- starting runs ------------------------------------------------------------------
     async def spawn(self, spec: RunSpec, *, driver: Driver | None = None) -> RunHandle:
         """Store the run ``queued`` and start it (a background root: only stored, for the
-        caller to detach, ``process/detach.py``); refusals raise OrchError, nothing stored."""
+        caller to detach, ``process/detach.py``); refusals raise OrchError, nothing stored.
+
+        ``driver``: code that runs as the run (a team's gate); a spec's ``driver`` (a team's
+        root) is built from ``drivers``, and again by whichever process adopts the run."""
+        if driver is None and spec.driver is None and spec.resume:  # a driven run goes on
+            old = self.store.get_run(spec.resume)
+            if old is not None and old.plan is not None and old.plan.spec.driver is not None:
+                spec = spec.model_copy(update={"driver": old.plan.spec.driver})
+        if driver is None and spec.driver is not None:
+            driver = self.driver_for(spec)
         record = await self._admit(spec, driver)
-        if record.parent_run_id is None and record.background and driver is None:
+        if record.parent_run_id is None and record.background:
             self.live.pop(record.run_id, None)
             return RunHandle(record, None)  # stored, unstarted: the CLI detaches it
         return RunHandle(record, self._start(self.live[record.run_id], driver))
+
+    def driver_for(self, spec: RunSpec) -> Driver | None:
+        """The driver a spec names (None: a model runs it); OrchError if none is known."""
+        call = spec.driver
+        if call is None:
+            return None
+        factory = self.drivers.get(call.kind)
+        if factory is None:
+            raise OrchError(f"this orch cannot run a {call.kind!r} run (no such driver)")
+        return factory(self, call.params)
 
     async def adopt(self, run_id: str, *, workdir: Path | None = None) -> RunRecord:
         """Run a stored queued run to its end (the detached worker's side of ``spawn``).
@@ -128,12 +169,13 @@ class Runner:
             return RunHandle(record, None)
         try:
             spec = record.planned().spec
+            driver = self.driver_for(spec)
         except OrchError as e:
             ended = self.store.end(run_id, RunStatus.FAILED, error=str(e))
             return RunHandle(ended or self.store.require_run(run_id), None)
         live = LiveRun(record, spec, here=workdir)
         self.live[run_id] = live
-        return RunHandle(record, self._start(live, None))
+        return RunHandle(record, self._start(live, driver))
 
     async def run(self, spec: RunSpec, *, driver: Driver | None = None) -> RunRecord:
         """Spawn a root run and wait for its end, with heartbeats and cancel requests."""
@@ -276,11 +318,21 @@ class Runner:
                             )
                             return ended or self.store.require_run(record.run_id)
                 definition = driver.definition if driver else self.catalog.agent(record.agent)
-                drive = (lambda rec: driver.drive(rec, self)) if driver else None
-                return await Execution(self, live, definition, drive).run()
+                return await Execution(self, live, definition, self._body(driver)).run()
         except asyncio.CancelledError:
             self.store.end(record.run_id, RunStatus.CANCELLED, error="cancelled before it started")
             raise
+
+    def _body(self, driver: Driver | None) -> Drive | None:
+        """A driver as the body of its run's execution (None: a model's loop)."""
+        if driver is None:
+            return None
+        code = driver
+
+        async def body(record: RunRecord, runtime: Runtime, env: dict[str, str]) -> LoopOutcome:
+            return await code.drive(Driven(record, self, runtime, env))
+
+        return body
 
     def end_held(self, run_id: str, status: str) -> RunRecord:
         """Write the status a node's run held back (no-op if it ended meanwhile)."""

@@ -41,10 +41,18 @@ def assemble(
     launch: Launch,
 ) -> Runner:
     """A Runner whose runs execute in this process (``executor.py`` gives it the executor
-    its settings choose)."""
+    its settings choose), with the drivers a stored run may name (a team's root)."""
     from ..engine.runner import Runner
+    from ..teams.driver import KIND, team_driver
 
-    return Runner(settings=settings, store=store, catalog=catalog, models=provider, launch=launch)
+    return Runner(
+        settings=settings,
+        store=store,
+        catalog=catalog,
+        models=provider,
+        launch=launch,
+        drivers={KIND: team_driver},
+    )
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""What a team's reviewer sees and answers: the branch's diff, the prompts of both roles, and
-the JSON :class:`Verdict` parsed from the reviewer's final text (:mod:`orchestrator.teams.pair`
-runs the rounds).
+"""What a team's reviewers see and answer, and what the team makes of their answers.
 
-The reviewer gets ``git diff base..branch`` (changes to control files listed first) and
-answers with one JSON object; :func:`parse_verdict` takes bare JSON, a fenced block or JSON
-in prose, and says in :class:`VerdictError` what is wrong with anything else, so the
-reviewer can be asked once more (:func:`reviewer_retry`).
+A reviewer gets each candidate branch's ``git diff base..branch`` (changes to control files
+listed first) with the test gate's result beside it, and answers with one JSON object;
+:func:`parse_verdict` takes bare JSON, a fenced block or JSON in prose, and says in
+:class:`VerdictError` what is wrong with anything else, so the reviewer can be asked once
+more (:func:`reviewer_retry`). With several candidates (best of N) the verdict names its
+``choice``; :func:`decide` turns every reviewer's verdict into the chosen candidate and
+whether the team's ``approve`` rule (all, majority, any) is met. Comments go back to the
+writer together, each tagged with its reviewer (:func:`for_writer`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Verdict(BaseModel):
     verdict: Literal["approve", "changes_requested"]
     summary: str
     comments: list[Comment] = Field(default_factory=list)
+    choice: int | None = None  # best of N: the candidate the verdict is on
 
     @property
     def approved(self) -> bool:
@@ -102,39 +105,82 @@ def format_comments(verdict: Verdict) -> str:
     return "\n".join(lines) or "(no line comments)"
 
 
-def writer_followup(task: str, branch: str, n: int, verdict: Verdict) -> str:
+def tagged(notes: list[tuple[str, Verdict]]) -> str:
+    """Every reviewer's verdict and comments, each tagged with its reviewer."""
+    parts = []
+    for tag, v in notes:
+        lines = [f"- [{tag}] {c.path}:{c.line}: {c.comment}" for c in v.comments]
+        body = "\n".join(lines) or f"- [{tag}] (no line comments)"
+        parts.append(f"[{tag}] {v.verdict}: {v.summary}\n{body}")
+    return "\n\n".join(parts)
+
+
+def for_writer(n: int, notes: list[tuple[str, Verdict]]) -> str:
+    """The message a writer gets when the reviewers did not approve its change."""
+    return (
+        f"Round {n}: the reviewers did not approve your change yet. Address every comment "
+        "below (each is tagged with its reviewer), keep working on the same branch, then "
+        f"answer with your summary as before.\n\n{tagged(notes)}\n"
+    )
+
+
+def writer_followup(task: str, branch: str, n: int, message: str) -> str:
+    """A writer's prompt when its earlier conversation is not kept: the task, then what to do."""
     return (
         f"{task}\n\n---\nRound {n}: you continue on the same branch, {branch}. Your earlier "
-        "commits are checked out in your workspace. The reviewer requested changes; address "
-        "every comment below, then answer with your summary as before.\n\n"
-        f"Review summary: {verdict.summary}\n\nReview comments:\n{format_comments(verdict)}\n"
+        f"commits are checked out in your workspace.\n\n{message}"
     )
+
+
+CHOICE_FORMAT = '"choice": <the number of the candidate you judge best; your verdict is on it>'
 
 
 def reviewer_prompt(
     task: str,
-    branch: str,
+    shown: list[tuple[int, str, str, str]],
     base: str,
-    commit: str,
-    diff: str,
     n: int,
     rounds: int,
     previous: Verdict | None,
 ) -> str:
+    """A reviewer's prompt. ``shown``: (candidate, branch, commit, diff and gate text) of
+    each candidate that passed the gate; the first is checked out in its workspace."""
     earlier = ""
     if previous is not None:
         earlier = (
             "\nIn the previous round you requested these changes; check they were made:\n"
             f"{previous.summary}\n{format_comments(previous)}\n"
         )
+    first_branch = shown[0][1]
+    if len(shown) == 1:
+        _, branch, commit, body = shown[0]
+        head = (
+            f"Review round {n} of {rounds}: review branch {branch} (commit {commit[:12]}) "
+            f"against base {base[:12]}."
+        )
+        fmt = VERDICT_FORMAT
+    else:
+        head = (
+            f"Review round {n} of {rounds}: {len(shown)} writers each made a candidate "
+            f"change from base {base[:12]}. Choose the best candidate, and give your verdict "
+            "on it."
+        )
+        fmt = VERDICT_FORMAT[:-1] + ", " + CHOICE_FORMAT + "}"
+    blocks = []
+    for number, branch, commit, body in shown:
+        label = f"Candidate {number}: " if len(shown) > 1 else ""
+        blocks.append(f"## {label}branch {branch} (commit {commit[:12]})\n{body}")
     return (
-        f"Review round {n} of {rounds}: review branch {branch} (commit {commit[:12]}) "
-        f"against base {base[:12]}.\n\nThe task the change implements:\n<task>\n{task}\n"
-        "</task>\n\nThe branch is checked out in your workspace: read its files with "
-        f"read_file, glob and grep.\n{earlier}\nThe diff (git diff {base[:12]}..{commit[:12]}):"
-        f"\n```diff\n{diff}\n```\n\nAnswer ONLY with one JSON object, no prose around it:\n"
-        f"{VERDICT_FORMAT}\n"
+        f"{head}\n\nThe task the change implements:\n<task>\n{task}\n</task>\n\n"
+        f"Branch {first_branch} is checked out in your workspace: read its files with "
+        f"read_file, glob and grep.\n{earlier}\n" + "\n\n".join(blocks) + "\n\nAnswer ONLY "
+        f"with one JSON object, no prose around it:\n{fmt}\n"
     )
+
+
+def candidate_block(base: str, commit: str, diff: str, gate: str) -> str:
+    """One candidate as a reviewer sees it: the gate's result, then the diff."""
+    return f"{gate}\nThe diff (git diff {base[:12]}..{commit[:12]}):\n```diff\n{diff}\n```"
 
 
 def reviewer_retry(first_prompt: str, answer: str, problem: str) -> str:
@@ -144,6 +190,44 @@ def reviewer_retry(first_prompt: str, answer: str, problem: str) -> str:
         f"Your previous answer was:\n<previous_answer>\n{quoted}\n</previous_answer>\n"
         "Answer again with ONLY the JSON object in the format above.\n"
     )
+
+
+def check_choice(verdict: Verdict, candidates: list[int]) -> Verdict:
+    """The verdict, its ``choice`` checked against the candidates shown (VerdictError)."""
+    if len(candidates) == 1:
+        return verdict.model_copy(update={"choice": candidates[0]})
+    if verdict.choice is None:
+        raise VerdictError(
+            f'"choice" is missing: name the best candidate ({", ".join(map(str, candidates))})'
+        )
+    if verdict.choice not in candidates:
+        raise VerdictError(
+            f'"choice" is {verdict.choice}, not one of the candidates '
+            f"({', '.join(map(str, candidates))})"
+        )
+    return verdict
+
+
+# -- the decision -------------------------------------------------------------------
+
+
+def decide(
+    verdicts: list[Verdict], approve: Literal["all", "majority", "any"]
+) -> tuple[int, int, bool]:
+    """(the chosen candidate, the approvals it has, approved?) from every reviewer's verdict.
+
+    The chosen candidate is the one most reviewers chose (a tie: the lowest number). A
+    reviewer approves it only by approving it: an approval of another candidate does not
+    count. ``approve``: ``all`` reviewers, a strict ``majority`` of them, or ``any`` one.
+    """
+    counts: dict[int, int] = {}
+    for v in verdicts:
+        assert v.choice is not None  # check_choice set it
+        counts[v.choice] = counts.get(v.choice, 0) + 1
+    chosen = min(counts, key=lambda c: (-counts[c], c))
+    approvals = sum(1 for v in verdicts if v.approved and v.choice == chosen)
+    need = {"all": len(verdicts), "majority": len(verdicts) // 2 + 1, "any": 1}[approve]
+    return chosen, approvals, approvals >= need
 
 
 # -- the diff -----------------------------------------------------------------------

@@ -53,7 +53,7 @@ class Command:
 
 PRELOADED = (  # and every model provider's (models.preload_modules)
     "orchestrator.engine.runner",
-    "orchestrator.teams.pair",
+    "orchestrator.teams.driver",
     "orchestrator.workspaces.registry",
     "orchestrator.process.command",
 )

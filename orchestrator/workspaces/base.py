@@ -106,6 +106,7 @@ class WorkspaceSpec:
     chain: ChainTally = field(default_factory=ChainTally)  # shared with the chain's others
     branch: str | None = None  # an existing orch/* branch to continue
     branch_base: str | None = None  # the commit a continued branch's work is measured from
+    discard: bool = False  # a throwaway checkout: nothing the run changes is committed
 
     @classmethod
     def for_run(

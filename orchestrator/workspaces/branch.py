@@ -3,7 +3,8 @@
 A run's own branch is ``orch/<agent>/<short id>``. A run may instead continue an existing
 ``orch/*`` branch (``branch`` on its tier config: a writer going on after a review): it
 starts from its tip, commits on it, and never deletes it; ``base`` is the commit its
-artifact is measured from (default: the tip, i.e. only what this run adds).
+artifact is measured from (default: the tip, i.e. only what this run adds). A ``discard``
+checkout (a team's test gate, its reviewers) commits nothing: its changes are thrown away.
 """
 
 from __future__ import annotations
@@ -28,11 +29,19 @@ def branch_name(agent: str, run_id: str) -> str:
     return f"orch/{ref_component(agent)}/{short_run_id(run_id)}"
 
 
-def with_branch(spec: WorkspaceSpec, branch: str | None, base: str | None) -> WorkspaceSpec:
-    """The spec with the tier config's branch to continue (and its base), when it names one."""
-    if not branch and not base:
+def with_branch(
+    spec: WorkspaceSpec, branch: str | None, base: str | None, discard: bool = False
+) -> WorkspaceSpec:
+    """The spec with the tier config's branch to continue (and its base), when it names one,
+    and whether the checkout is thrown away at the end (``discard``)."""
+    if not branch and not base and not discard:
         return spec
-    return replace(spec, branch=branch or spec.branch, branch_base=base or spec.branch_base)
+    return replace(
+        spec,
+        branch=branch or spec.branch,
+        branch_base=base or spec.branch_base,
+        discard=discard or spec.discard,
+    )
 
 
 async def continued_start(main: RepoPaths, branch: str, base: str | None) -> tuple[str, str]:

@@ -74,8 +74,13 @@ def owns_branch(branch: str, run_id: str) -> bool:
     return len(parts) == 3 and parts[0] == "orch" and parts[2] == short_run_id(run_id)
 
 
-def lock_reason(run_id: str, base: str) -> str:
-    return f"orch run {run_id} (base {base})"
+DISCARD = " (discard)"  # in a worktree's lock reason: nothing of it is ever committed
+
+
+def lock_reason(run_id: str, base: str, discard: bool = False) -> str:
+    """The reason git keeps with a run's worktree lock: whose it is, its base, and whether
+    its changes are thrown away (a team's gate or reviewer checkout), also after a crash."""
+    return f"orch run {run_id} (base {base})" + (DISCARD if discard else "")
 
 
 def _same_path(a: Path, b: Path) -> bool:
@@ -267,6 +272,9 @@ async def salvage_worktree(
     agent = agent_of_branch(branch)
     message = commit_message("", run_id, status)
     keep = not owns_branch(branch, run_id)  # a continued branch is never the run's to delete
+    if entry.get("locked", "").endswith(DISCARD):  # a throwaway checkout: nothing to keep
+        await remove_worktree(main, real, None if keep else branch)
+        return None
     tree = await asyncio.to_thread(worktree_paths, main, real)
     artifacts = await settle(main, real, tree, branch, base, agent, message, keep)
     return artifacts[0] if artifacts else None

@@ -27,7 +27,8 @@ the new worktree instead of making a new one. New work is committed on it; it
 is never deleted, even when the run changed nothing (nor by a salvage: only a
 run's own ``orch/<agent>/<short id>`` branch is). ``spec.branch_base`` is the
 commit its artifact is measured from (default: the branch tip, i.e. only what
-this run adds).
+this run adds). ``discard`` (a team's test gate, its reviewers) commits nothing: the
+worktree goes at the end with whatever the run changed, also after a crash (its lock says so).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class WorktreeWorkspace(Shielded):
         path = orch_dir(main.main_root) / "worktrees" / spec.run_id
         # a worktree is a checkout of the base: what is hidden there is hidden here too
         self.hidden = hidden_rels(spec, [path, base_top, main.main_root])
-        reason = lock_reason(spec.run_id, self.base_commit)
+        reason = lock_reason(spec.run_id, self.base_commit, spec.discard)
         # git's worktree registration is serialised (concurrent adds fail on the common
         # dir); the checkout is this worktree's own: made outside the lock, so forty
         # children do not check out one after another
@@ -243,6 +244,11 @@ class WorktreeWorkspace(Shielded):
     async def _close(self, outcome: RunOutcome) -> None:
         if not self._created or self._main is None:
             return
+        if self.spec.discard:  # a throwaway checkout (a gate, a reviewer): nothing is kept
+            await remove_worktree(self._main, self.root, None if self.continued else self.branch)
+            self._created = False
+            self.spec.sink.release_resource(self.spec.run_id, "worktree", str(self.root))
+            return
         if self._copied:
             await asyncio.to_thread(_drop_unchanged_copies, self.root, self._copied)
         message = commit_message(
@@ -277,8 +283,9 @@ class WorktreeConfig(TierConfig):
     type: Literal["worktree"] = "worktree"
     branch: str | None = None
     base: str | None = None
+    discard: bool = False  # nothing is committed: the checkout is thrown away at the end
     needs_git: ClassVar[bool] = True
 
     def provision(self, spec: WorkspaceSpec) -> WorktreeWorkspace:
         os_sandbox_mode(spec)  # fails closed here when bwrap cannot run
-        return WorktreeWorkspace(with_branch(spec, self.branch, self.base))
+        return WorktreeWorkspace(with_branch(spec, self.branch, self.base, self.discard))

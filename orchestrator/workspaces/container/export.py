@@ -246,6 +246,7 @@ class ContainerState(BranchState):
     user: str = ""  # "uid:gid"
     pooled: bool = False
     bundle_max_bytes: int | None = None
+    discard: bool = False  # a throwaway checkout (a team's gate or reviewer): nothing out
 
 
 def _saved(record: RunRecord | None) -> ContainerState | None:
@@ -294,6 +295,8 @@ async def _export_from(
     """Export the work of a live container; '' when it held none."""
     ws, user, branch = _where(record, container_id)
     assert record is not None
+    if ws.discard:  # its changes were never to be kept: the container only goes
+        return ""
     state = await asyncio.to_thread(_inspect, client, container_id)
     if state is None:
         raise _Gone

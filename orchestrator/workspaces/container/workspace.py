@@ -135,6 +135,7 @@ class ContainerWorkspace(Shielded):
             user=f"{self.uid}:{self.gid}",
             pooled=self.pooled,
             bundle_max_bytes=self.cfg.bundle_max_bytes,
+            discard=self.spec.discard,
         )
         return saved.dump()
 
@@ -341,7 +342,9 @@ class ContainerWorkspace(Shielded):
                 removal.append(asyncio.ensure_future(gone))
 
         try:
-            if self._ready and outcome is not None and self.box is not None:
+            if self._ready and outcome is not None and self.box is not None and self.spec.discard:
+                self._ready = False  # a throwaway checkout (a gate, a reviewer): nothing out
+            elif self._ready and outcome is not None and self.box is not None:
                 self._ready = False
                 try:
                     await self._settle(outcome, remove)
@@ -390,7 +393,8 @@ class ContainerConfig(TierConfig):
     type: Literal["container"] = "container"
     branch: str | None = None
     base: str | None = None
+    discard: bool = False  # nothing is brought out: the container goes with its changes
     needs_git: ClassVar[bool] = True
 
     def provision(self, spec: WorkspaceSpec) -> ContainerWorkspace:
-        return ContainerWorkspace(with_branch(spec, self.branch, self.base))
+        return ContainerWorkspace(with_branch(spec, self.branch, self.base, self.discard))

@@ -1,0 +1,146 @@
+"""A team's test gate: its command, run in the writer's sandbox on the writer's branch.
+
+The gate is a run of its own (agent ``gate``, a child of the team's root, shown by ``orch
+tree``) whose body is :class:`GateDriver`: it runs the team's ``gate`` command once in its
+workspace, a throwaway checkout of the candidate branch (``discard``: nothing it changes is
+kept) in the writer's tier, with the writer agent's network setting and the sandbox's
+limits. It so needs no trust, and nothing a repository plants (a dropped hook, a changed
+setting) can skip it: the team runs it whatever the repository says. A command that exits
+non-zero, or runs past ``gate_timeout``, fails the gate.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..catalog.definitions import AgentDefinition
+from ..engine.agent import LoopOutcome
+from ..engine.runner import Driven
+from ..run import RunStatus
+
+OUTPUT_KEPT = 6_000  # characters of a gate's output kept (the end, where failures show)
+GRACE_S = 30.0  # the gate run's own timeout beyond the command's (its checkout, its close)
+
+
+class GateResult(BaseModel):
+    """One gate run on one candidate branch, as the team reports it."""
+
+    round: int
+    candidate: int  # 1.. (best of N); 1 with one writer
+    run_id: str
+    commit: str  # the branch tip the gate ran on
+    command: str
+    passed: bool
+    exit_code: int | None = None  # None: killed (timed out, cancelled) or never ran
+    timed_out: bool = False
+    seconds: float = 0.0
+    output: str = ""  # the end of its output, at most OUTPUT_KEPT characters
+    error: str | None = None  # why the gate could not run at all (its run failed)
+
+    def headline(self) -> str:
+        if self.error is not None:
+            return f"gate could not run: {self.error}"
+        if self.timed_out:
+            return f"gate timed out after {self.seconds:.0f}s: {self.command}"
+        state = "passed" if self.passed else f"failed (exit {self.exit_code})"
+        return f"gate {state} in {self.seconds:.1f}s: {self.command}"
+
+
+def tail(text: str, limit: int = OUTPUT_KEPT) -> str:
+    """The end of ``text``, at most ``limit`` characters, saying what was cut."""
+    if len(text) <= limit:
+        return text
+    return f"[... {len(text) - limit:,} earlier characters cut ...]\n" + text[-limit:]
+
+
+class GateDriver:
+    """The body of a gate run: the command, once, in the run's workspace."""
+
+    def __init__(self, command: str, timeout_s: float, network: str | None) -> None:
+        self.command = command
+        self.timeout_s = timeout_s
+        self.definition = AgentDefinition(
+            name="gate",
+            description="A team's test gate: its command in the writer's sandbox.",
+            tools=[],
+            network=network,  # the writer agent's: the same network as the writer had
+            system_prompt="",
+            source="orch team",
+        )
+
+    async def drive(self, run: Driven) -> LoopOutcome:
+        started = time.monotonic()
+        result = await run.runtime.exec(self.command, timeout_s=self.timeout_s, env=run.env)
+        seconds = round(time.monotonic() - started, 3)
+        passed = result.exit_code == 0 and not result.timed_out
+        facts: dict[str, Any] = {
+            "kind": "gate",
+            "command": self.command,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "seconds": seconds,
+            "passed": passed,
+        }
+        run.runner.event(run.record.run_id, "gate_result", facts)
+        text = tail(result.output)
+        if passed:
+            return LoopOutcome(RunStatus.SUCCEEDED, text, None, [facts])
+        why = (
+            f"timed out after {self.timeout_s:g}s"
+            if result.timed_out
+            else f"exit {result.exit_code}"
+        )
+        return LoopOutcome(RunStatus.FAILED, text, f"gate {why}: {self.command}", [facts])
+
+
+def gate_result(
+    record: Any, round_no: int, candidate: int, commit: str, command: str
+) -> GateResult:
+    """What a finished gate run (its ``RunRecord``) says."""
+    facts = next((a for a in record.artifacts if a.get("kind") == "gate"), None)
+    if facts is None:  # the run failed before the command ran (its checkout, a limit)
+        return GateResult(
+            round=round_no,
+            candidate=candidate,
+            run_id=record.run_id,
+            commit=commit,
+            command=command,
+            passed=False,
+            timed_out=record.status == RunStatus.TIMED_OUT,
+            error=record.error or record.status.value,
+        )
+    return GateResult(
+        round=round_no,
+        candidate=candidate,
+        run_id=record.run_id,
+        commit=commit,
+        command=command,
+        passed=bool(facts.get("passed")) and record.status == RunStatus.SUCCEEDED,
+        exit_code=facts.get("exit_code"),
+        timed_out=bool(facts.get("timed_out")),
+        seconds=float(facts.get("seconds") or 0.0),
+        output=tail(record.output or ""),
+    )
+
+
+def for_writer(gate: GateResult) -> str:
+    """The message a writer gets when its change failed the gate."""
+    return (
+        f"The test gate failed on your change ({gate.headline()}), so no reviewer has seen "
+        "it yet. Fix what fails, keep working on the same branch, then answer with your "
+        f"summary as before.\n\nThe gate's output (its end):\n```\n{gate.output or '(none)'}\n```\n"
+    )
+
+
+def for_reviewer(gate: GateResult | None) -> str:
+    """What a reviewer is told about the gate beside the diff."""
+    if gate is None:
+        return "This team has no test gate: check the tests yourself.\n"
+    shown = tail(gate.output, 2_000) or "(no output)"
+    return (
+        f"The test gate passed on this commit ({gate.headline()}). "
+        f"Its output (its end):\n```\n{shown}\n```\n"
+    )

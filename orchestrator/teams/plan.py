@@ -1,0 +1,189 @@
+"""A team's definition: the committed file ``.orch/teams/NAME.toml`` and the plan a run follows.
+
+A :class:`TeamFile` is what the file may say (unknown keys are an error); a :class:`TeamPlan`
+is the file with the command's flags laid over it, and is what a team's root run keeps (its
+``RunSpec.driver``): a resumed or detached team follows the plan it started with, not a file
+edited since. The files are read beneath the project root through safefs (no link followed,
+capped): a repository's files are the repository's, not the host's. What a plan asks of the
+catalog (its agents exist, its reviewers are read-only, its isolation is strong enough for
+them) is checked by :func:`check_plan`, at ``orch team validate`` and at run start.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
+from ..catalog.definitions import Catalog
+from ..errors import UsageError
+from ..fs.safefs import Beneath, UnsafePath
+from ..tools.base import ToolRegistry
+from ..workspaces.registry import BRANCH_TIERS, rank
+
+TEAMS_DIR = ".orch/teams"
+MAX_FILE_BYTES = 64 * 1024
+MAX_WRITERS = 8
+MAX_REVIEWERS = 8
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+Approve = Literal["all", "majority", "any"]
+MergeMode = Literal["none", "merge", "squash"]
+TeamIsolation = Literal["worktree", "container"]
+assert set(TeamIsolation.__args__) == set(BRANCH_TIERS)  # type: ignore[attr-defined]
+
+
+class RoleModels(BaseModel):
+    """``models = { writer = "opus", reviewers = "haiku" }``: None keeps the agent's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    writer: StrictStr | None = None
+    reviewers: StrictStr | None = None
+
+
+class TeamFile(BaseModel):
+    """What ``.orch/teams/NAME.toml`` may say."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: StrictStr = ""
+    writer: StrictStr = "writer"  # an agent name
+    writers: int = Field(default=1, ge=1, le=MAX_WRITERS, strict=True)  # > 1: best of N
+    reviewers: list[StrictStr] = Field(
+        default_factory=lambda: ["reviewer"], min_length=1, max_length=MAX_REVIEWERS
+    )
+    approve: Approve = "all"
+    rounds: int = Field(default=3, ge=1, le=50, strict=True)
+    gate: StrictStr | None = None  # a command, run in the writer's sandbox after each turn
+    gate_timeout: float = Field(default=600.0, gt=0, le=86_400)
+    isolation: TeamIsolation = "worktree"
+    merge: MergeMode = "none"
+    models: RoleModels = Field(default_factory=RoleModels)
+
+
+class TeamPlan(TeamFile):
+    """A team file (or the default team) with the command's flags over it: what a run keeps."""
+
+    name: str | None = None  # the team file's name; None: the default team and flags
+    allow_control_files: bool = False  # with merge: merge a branch that changes them
+
+    @property
+    def title(self) -> str:
+        return self.name or "default team"
+
+
+def _problem(e: ValidationError) -> str:
+    """Pydantic's errors as one line: ``key: what is wrong``."""
+    parts = []
+    for err in e.errors()[:3]:
+        where = ".".join(str(p) for p in err["loc"]) or "file"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_team(text: str, where: str) -> TeamFile:
+    """A team file's text, validated; UsageError names the file and the key."""
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{where}: not TOML ({e}); fix the file") from None
+    try:
+        return TeamFile.model_validate(data)
+    except ValidationError as e:
+        raise UsageError(f"{where}: {_problem(e)}; fix the file") from None
+
+
+def team_names(root: Path) -> list[str]:
+    """The names of the team files under ``root/.orch/teams`` (sorted)."""
+    try:
+        with Beneath(root) as fs:
+            if not fs.is_dir(TEAMS_DIR):
+                return []
+            found = list(fs.walk(TEAMS_DIR, max_entries=1000))
+    except (OSError, UnsafePath):
+        return []
+    names = [Path(p).stem for p in found if p.count("/") == 2 and p.endswith(".toml")]
+    return sorted(n for n in names if _NAME.match(n))
+
+
+def load_team(root: Path, name: str) -> TeamFile:
+    """The team file ``root/.orch/teams/NAME.toml``, read beneath ``root`` and validated."""
+    if not _NAME.match(name):
+        raise UsageError(
+            f"{name!r} is not a team name (letters, digits, '.', '_' and '-'); see `orch team list`"
+        )
+    rel = f"{TEAMS_DIR}/{name}.toml"
+    try:
+        with Beneath(root) as fs:
+            data, size = fs.read(rel, MAX_FILE_BYTES)
+    except FileNotFoundError:
+        known = ", ".join(team_names(root)) or "none"
+        raise UsageError(
+            f"no team {name!r}: {rel} does not exist (teams here: {known}); see `orch team list`"
+        ) from None
+    except (OSError, UnsafePath) as e:
+        raise UsageError(f"{rel}: cannot read it ({e})") from None
+    if size > MAX_FILE_BYTES:
+        raise UsageError(f"{rel}: {size:,} bytes, over the {MAX_FILE_BYTES:,} a team file may be")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{rel}: not UTF-8 text; fix the file") from None
+    return parse_team(text, rel)
+
+
+def make_plan(file: TeamFile | None, name: str | None, **flags: Any) -> TeamPlan:
+    """The plan of a run: the file (or the default team) with the flags that were given."""
+    base = file.model_dump() if file is not None else {}
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return TeamPlan.model_validate({**base, **given, "name": name})
+    except ValidationError as e:
+        raise UsageError(f"team {name or 'flags'}: {_problem(e)}") from None
+
+
+def check_plan(plan: TeamPlan, catalog: Catalog, tools: ToolRegistry) -> None:
+    """What a plan asks of the catalog; UsageError with one line when it cannot be run."""
+    who = f"team {plan.name!r}" if plan.name else "the team"
+    names = tools.names()
+    roles = [("writer", plan.writer)] + [("reviewer", r) for r in plan.reviewers]
+    for role, agent in roles:
+        if agent not in catalog.agents:
+            known = ", ".join(sorted(catalog.agents))
+            raise UsageError(f"{who}: {role} {agent!r} is not an agent (agents: {known})")
+        definition = catalog.agents[agent]
+        if definition.isolation and rank(definition.isolation) > rank(plan.isolation):
+            raise UsageError(
+                f"{who}: agent {agent!r} requires isolation {definition.isolation!r}, "
+                f"stronger than the team's {plan.isolation!r}; set isolation = "
+                f'"{definition.isolation}"'
+            )
+        if role == "reviewer":
+            allowed = definition.allowed_tools(names)
+            if writes := sorted(tools.writers().intersection(allowed)):
+                raise UsageError(
+                    f"{who}: reviewer {agent!r} has tools that write ({', '.join(writes)}); a "
+                    "reviewer must be read-only: pick an agent with only read_file, glob and "
+                    "grep (like the bundled 'reviewer')"
+                )
+    if plan.gate is not None and not plan.gate.strip():
+        raise UsageError(f"{who}: gate is empty; give a command, or leave gate out")
+
+
+def check_file_models(file: TeamFile, where: str, *, trusted: bool) -> None:
+    """A repository's team file may name a model that reads a host file (a script) only once
+    the repository is trusted, like its ``orch.toml`` (``trust.py``)."""
+    from ..models.registry import reads_host
+
+    for role, model in (("writer", file.models.writer), ("reviewers", file.models.reviewers)):
+        if model is not None and reads_host(model) and not trusted:
+            raise UsageError(
+                f"{where}: models.{role} = {model!r} reads a file on this machine; a "
+                "repository's team may name one only once trusted (`orch trust`), or pass "
+                "the model as a flag"
+            )

@@ -1,0 +1,52 @@
+"""A team run in words: the text of its root run's output, and of ``orch team status``."""
+
+from __future__ import annotations
+
+from .progress import TeamResult
+
+
+def summary(res: TeamResult) -> str:
+    """Plain lines (the CLI escapes them when it draws them)."""
+    plan = res.plan
+    reviewers = ", ".join(plan.reviewers)
+    writers = f"{plan.writers} x {plan.writer}" if plan.writers > 1 else plan.writer
+    lines = [
+        f"{plan.title}: {writers} + {reviewers} (approve: {plan.approve}), "
+        f"round {res.rounds} of {res.max_rounds}"
+    ]
+    if res.resumed_from:
+        lines.append(f"continues team run {res.resumed_from}")
+    if res.branch:
+        stat = res.diffstat
+        changed = (
+            f", {stat.get('files_changed', 0)} file(s) +{stat.get('insertions', 0)} "
+            f"-{stat.get('deletions', 0)}"
+            if stat
+            else ""
+        )
+        lines.append(
+            f"branch {res.branch} at {(res.commit or '')[:12]} (base {res.base[:12]}{changed})"
+        )
+    for g in res.gates:
+        which = f" candidate {g.candidate}" if plan.writers > 1 else ""
+        lines.append(f"round {g.round}{which}: {g.headline()}")
+    for r in res.reviews:
+        seen = ", ".join(map(str, r.candidates))
+        chose = f", chose candidate {r.chosen} of {seen}" if len(r.candidates) > 1 else ""
+        state = "approved" if r.approved else "not approved"
+        lines.append(f"round {r.round} review: {state} ({r.approvals} approval(s){chose})")
+        for note in r.notes:
+            v = note.verdict
+            picked = f" (candidate {v.choice})" if len(r.candidates) > 1 else ""
+            lines.append(f"  [{note.reviewer}] {v.verdict}{picked}: {v.summary}")
+            lines += [f"    - {c.path}:{c.line}: {c.comment}" for c in v.comments]
+    for c in res.kept():
+        why = f" ({c.error})" if c.state == "failed" and c.error else f" ({c.state})"
+        lines.append(f"kept candidate {c.number}: {c.branch}{why}")
+    if res.merged:
+        lines.append(f"merged into your HEAD at {(res.merge_commit or '')[:12]}")
+    if res.approved:
+        lines.append("approved")
+    if res.error:
+        lines.append(f"error: {res.error}" if res.approved else f"not approved: {res.error}")
+    return "\n".join(lines)
