@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.teams.driver import KIND, team_driver
 from orchestrator.bwrap.profile import bwrap_choice
 from orchestrator.catalog.definitions import Catalog, load_catalog
 from orchestrator.config import Settings
@@ -25,6 +24,7 @@ from orchestrator.models import ModelProvider, ScriptedModel
 from orchestrator.run import RunRecord
 from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
+from orchestrator.teams.driver import KIND, team_driver
 from orchestrator.workspaces.registry import tier_config
 
 RUN_DEADLINE_S = 300.0  # no test's run takes this long: it hangs

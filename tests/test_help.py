@@ -77,7 +77,8 @@ def test_flags_values_choices_and_defaults_read_as_in_classic_typer() -> None:
     assert "--max-turns INTEGER RANGE [x>=1]" in text and "--agents-dir PATH" in text
     assert "Usage: orch task [OPTIONS] PROMPT" in text
     team = _flat(_help(("team", "run")))
-    assert "--isolation [worktree|container]" in team and "[default: worktree]" in team
+    assert "--isolation [worktree|container]" in team and "else worktree" in team
+    assert "--approve [all|majority|any]" in team and "--reviewer TEXT" in team
     merge = _flat(_help(("worktrees", "merge")))
     assert "Usage: orch worktrees merge [OPTIONS] RUN|BRANCH" in merge
     assert "[OPTIONS] [RUN_ID]" in _flat(_help(("watch",)))  # optional argument

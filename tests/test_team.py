@@ -22,6 +22,8 @@ from orchestrator.teams.driver import run_team
 from orchestrator.teams.plan import make_plan
 from orchestrator.teams.progress import TeamResult
 from orchestrator.teams.review import VerdictError, parse_verdict
+from orchestrator.workspaces.base import WorkspaceSpec
+from orchestrator.workspaces.worktree import WorktreeConfig, salvage_worktree
 from tests.support import Harness, harness, init_repo
 
 TASK = "Implement add(a, b) in calc.py"
@@ -433,3 +435,63 @@ def test_cli_team_run_json_end_to_end(repo: Path) -> None:
     ]  # fmt: skip
     assert {x["chain_id"] for x in runs} == {data["chain_id"]}
     assert all(x["status"] == "succeeded" for x in runs)
+
+
+# -- the gate -------------------------------------------------------------------------------
+
+
+def test_the_gate_runs_sandboxed_in_a_throwaway_checkout_of_the_branch(repo: Path) -> None:
+    script = {"conversations": [writer(FIXED, "done"), review(verdict("approve", "Good."))]}
+    h = harness(repo, script)
+    gate = "echo gate-was-here >> calc.py && touch planted.txt && grep -q 'a + b' calc.py"
+    result = team(h, gate=gate)
+    assert result.approved, result.error
+    [g] = result.gates
+    assert g.passed and g.exit_code == 0 and g.command == gate
+    # what the gate changed is thrown away: the branch holds the writer's work only
+    assert result.branch is not None
+    assert sh(repo, "show", f"{result.branch}:calc.py") + "\n" == FIXED
+    assert "planted.txt" not in sh(repo, "ls-tree", "--name-only", result.branch)
+    assert sh(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    gate_run = h.store.require_run(g.run_id)
+    assert (gate_run.agent, gate_run.isolation, gate_run.depth) == ("gate", "worktree", 1)
+    assert gate_run.workspace["os_sandbox"] == "bwrap" and gate_run.workspace["network"] == "none"
+    assert gate_run.workspace["root"] != str(repo)
+    assert not [a for a in gate_run.artifacts if a.get("kind") == "branch"]
+    events = [e["kind"] for e in h.store.events(result.root_run_id)]
+    assert "team_gate" in events and "team_progress" in events
+
+
+def test_a_gate_past_its_timeout_fails_and_its_output_goes_back_to_the_writer(
+    repo: Path,
+) -> None:
+    script = {"conversations": [writer(FIXED, "done"), writer(FIXED + "# again\n", "again")]}
+    h = harness(repo, script)
+    result = team(h, gate="echo started; sleep 30", gate_timeout=1, rounds=2)
+    assert not result.approved and result.reviews == []  # no reviewer was asked
+    assert result.error is not None and "the gate never passed after 2 round(s)" in result.error
+    assert [(g.passed, g.timed_out) for g in result.gates] == [(False, True)] * 2
+    assert all(g.seconds < 15 for g in result.gates)
+    second = h.requests_of(result.runs[2].run_id)[0].messages[-1]["content"]
+    assert "gate timed out" in str(second) and "started" in str(second)
+
+
+def test_a_crashed_throwaway_checkout_is_removed_not_committed(repo: Path) -> None:
+    """A gate's or reviewer's worktree left by a crash: the salvage keeps nothing of it."""
+    sh(repo, "branch", "orch/writer/abcd1234")
+    tip = sh(repo, "rev-parse", "orch/writer/abcd1234")
+    config = WorktreeConfig(branch="orch/writer/abcd1234", discard=True)
+    spec = WorkspaceSpec(run_id="r-0123456789ab", chain_id="c-1", agent="gate", description="g",
+                         base=repo)  # fmt: skip
+
+    async def crash() -> Path:
+        ws = config.provision(spec)
+        await ws.__aenter__()  # never closed: the owner died
+        (ws.root / "calc.py").write_text("changed by a crashed gate\n")
+        return ws.root
+
+    root = asyncio.run(crash())
+    assert "(discard)" in sh(repo, "worktree", "list", "--porcelain")
+    assert asyncio.run(salvage_worktree(root, spec.run_id, "interrupted", proven=True)) is None
+    assert sh(repo, "rev-parse", "orch/writer/abcd1234") == tip
+    assert sh(repo, "worktree", "list", "--porcelain").count("worktree ") == 1

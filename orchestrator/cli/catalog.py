@@ -11,7 +11,16 @@ from rich.table import Table
 
 from ..catalog.agent_trust import guard, load_trusted
 from ..process.opened import root_of
-from .common import WorkdirOpt, announce_trust, err, handles_errors, out, print_json
+from .common import (
+    AgentsDirOpt,
+    JsonOpt,
+    WorkdirOpt,
+    announce_trust,
+    err,
+    handles_errors,
+    out,
+    print_json,
+)
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:
@@ -21,15 +30,6 @@ agents_app = typer.Typer(
     help="Agent definitions: list, show, validate.", no_args_is_help=True, add_completion=False
 )
 skills_app = typer.Typer(help="Skills: list, show.", no_args_is_help=True, add_completion=False)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-AgentsDirOpt = Annotated[
-    list[Path] | None,
-    typer.Option(
-        "--agents-dir",
-        help="Extra directory of agent *.md files; wins over the others (repeatable).",
-    ),
-]
 
 
 def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = None) -> Catalog:

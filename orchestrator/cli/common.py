@@ -34,6 +34,15 @@ WorkdirOpt = Annotated[
     ),
 ]
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+AgentsDirOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--agents-dir",
+        help="Extra directory of agent *.md files; wins over the others (repeatable).",
+    ),
+]
+
 # Choices of options, listed by help and checked by Typer: TIER_NAMES
 # (workspaces/registry.py, not imported here: `orch ps` stays fast) and Settings.executor.
 Isolation = Literal["shared", "worktree", "container"]

@@ -20,8 +20,10 @@ from ..process.reconcile import reconcile
 from ..run import RunRecord, RunResult, RunStatus
 from .common import (
     ISOLATION_HELP,
+    AgentsDirOpt,
     Executor,
     Isolation,
+    JsonOpt,
     WorkdirOpt,
     budget_line,
     chain_tree,
@@ -50,11 +52,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-AgentsDirOpt = Annotated[
-    list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
-]
 
 
 def _register_subapps() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -10,7 +11,16 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from ..errors import UsageError
-from .common import WorkdirOpt, err, handles_errors, open_project, out, print_json
+from .common import (
+    AgentsDirOpt,
+    JsonOpt,
+    WorkdirOpt,
+    err,
+    handles_errors,
+    open_project,
+    out,
+    print_json,
+)
 from .live import live_view, run_tree
 from .safe import safe_text
 from .worktrees import AllowControlOpt
@@ -27,11 +37,6 @@ team_app = typer.Typer(
     add_completion=False,
 )
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-AgentsDirOpt = Annotated[
-    list[Path] | None, typer.Option("--agents-dir", help="Extra agent directory (first wins).")
-]
-
 
 @team_app.callback()
 def team_callback() -> None:
@@ -47,6 +52,16 @@ def show(result: TeamResult) -> None:
     for line in summary(result).splitlines():
         out.print(safe_text(line))
     out.print(f"[dim]the runs: orch tree {result.root_run_id}[/]")
+
+
+def toml_value(value: object) -> str:
+    """A value as TOML writes it (strings, numbers, lists, inline tables)."""
+    if isinstance(value, dict):
+        items = [f"{k} = {toml_value(v)}" for k, v in value.items() if v is not None]
+        return "{ " + ", ".join(items) + " }" if items else "{}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def _catalog(project: Project, agents_dir: list[Path]) -> tuple[Catalog, ToolRegistry]:
@@ -103,7 +118,8 @@ def show_team(
         print_json({"name": name, **data})
         return
     for key, value in data.items():
-        out.print(safe_text(f"{key} = {value!r}"))
+        if value is not None and (shown := toml_value(value)) != "{}":
+            out.print(safe_text(f"{key} = {shown}"))
 
 
 @team_app.command("validate")
@@ -164,7 +180,10 @@ def run(
     ] = None,
     isolation: Annotated[
         Literal["worktree", "container"] | None,
-        typer.Option(help="Where the writers work: a git worktree, or a Docker container."),
+        typer.Option(
+            help="Where the writers work: a git worktree, or a Docker container "
+            "(default: the team's, else worktree)."
+        ),
     ] = None,
     merge: Annotated[
         bool | None,
@@ -219,14 +238,20 @@ def run(
             "reviewers": reviewer_model or (file.models.reviewers if file else None),
         },
     )
+    catalog, tools = _catalog(project, agents_dir or [])
+    check_plan(plan, catalog, tools)  # bad input: one line before anything else
     if background and model:
         model = portable(model)  # a detached process reads it from elsewhere
     provider = ModelProvider(project.settings, model)
     provider.check_ready()
     runner = make_runner(
-        project, provider, agents_dir or [], model_spec=model, overrides={"model": model}
+        project,
+        provider,
+        agents_dir or [],
+        model_spec=model,
+        overrides={"model": model},
+        catalog=catalog,
     )
-    check_plan(plan, runner.catalog, runner.tools)
     if runner.settings.max_depth < 1:
         raise UsageError(
             "a team's writers and reviewers run at depth 1; set max_depth to 1 or more"

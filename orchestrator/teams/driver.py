@@ -336,7 +336,7 @@ class TeamDriver:
                 c.state = "chosen"
                 if not approved:
                     c.feedback = review.for_writer(n, [(x.reviewer, x.verdict) for x in notes])
-            elif c.state != "failed":
+            elif c.state not in ("failed", "gate_failed"):
                 c.state = "kept"
         self.runner.event(
             self.root.run_id,

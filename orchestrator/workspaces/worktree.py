@@ -97,6 +97,7 @@ class WorktreeWorkspace(Shielded):
         self._copied: dict[str, tuple[int, int]] = {}
         self._shell: Shell | None = None  # its commands' sandboxes, once made
         self._artifacts: list[dict[str, Any]] = []
+        self._tip = ""  # a continued branch's tip when the run started
 
     async def _open(self) -> None:
         await self._create()
@@ -155,7 +156,8 @@ class WorktreeWorkspace(Shielded):
         main = located.main()
         self.base_commit = head
         if self.continued is not None:
-            _, self.base_commit = await continued_start(main, self.branch, spec.branch_base)
+            tip, self.base_commit = await continued_start(main, self.branch, spec.branch_base)
+            self._tip = tip
         self.main_root, self._main = main.main_root, main
         await asyncio.to_thread(ensure_orch_dir, main.main_root)
         patterns = list(spec.include)
@@ -190,8 +192,12 @@ class WorktreeWorkspace(Shielded):
         for attempt in range(RETRIES):
             args = ["worktree", "add", "--no-checkout", "--lock", "--reason", reason]
             # an existing branch (continued, or made by an earlier attempt that failed) is
-            # checked out as it is; otherwise the branch is made here from the base
-            if self.continued is not None or self._owns_branch:
+            # checked out as it is; otherwise the branch is made here from the base. A
+            # throwaway checkout of a branch holds its tip detached: several at once (a
+            # team's reviewers) may look at one branch, and none can move it.
+            if self.continued is not None and self.spec.discard:
+                args += ["--detach", str(path), self._tip]
+            elif self.continued is not None or self._owns_branch:
                 args += [str(path), self.branch]
             else:
                 args += ["-b", self.branch, str(path), self.base_commit]
