@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from orchestrator.cli.main import app
 from orchestrator.cli.team import team_app
 from orchestrator.errors import UsageError
+from orchestrator.process.events import summary
 from orchestrator.run import RunStatus
 from orchestrator.teams.driver import run_team
 from orchestrator.teams.plan import make_plan
@@ -458,8 +459,14 @@ def test_the_gate_runs_sandboxed_in_a_throwaway_checkout_of_the_branch(repo: Pat
     assert gate_run.workspace["os_sandbox"] == "bwrap" and gate_run.workspace["network"] == "none"
     assert gate_run.workspace["root"] != str(repo)
     assert not [a for a in gate_run.artifacts if a.get("kind") == "branch"]
-    events = [e["kind"] for e in h.store.events(result.root_run_id)]
-    assert "team_gate" in events and "team_progress" in events
+    events = {e["kind"]: e["data"] for e in h.store.events(result.root_run_id)}
+    assert "team_progress" in events  # `orch logs` shows each team event in a line:
+    assert (
+        summary("team_gate", events["team_gate"])
+        == f"round 1 candidate 1: gate passed (exit 0): {gate}"
+    )
+    assert summary("team_verdict", events["team_verdict"]) == "round 1: [reviewer] approve: Good."
+    assert summary("team_progress", events["team_progress"]).startswith("round 1 of 3 · succeeded")
 
 
 def test_a_gate_past_its_timeout_fails_and_its_output_goes_back_to_the_writer(

@@ -139,6 +139,39 @@ def summary(kind: str, data: dict[str, Any], children: dict[str, str] | None = N
         return f"still running after {data.get('after_s')} s: moved to the background"
     if kind == "subagent_stop_block":
         return f"SubagentStop hook: {prose(data.get('message'))}"
+    if kind.startswith("team_") or kind == "gate_result":
+        return _team(kind, data)
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+def _team(kind: str, data: dict[str, Any]) -> str:
+    """A team's events (``teams/driver.py``, ``teams/gate.py``) in a line each."""
+    n = f"round {data.get('round')}"
+    if kind in ("team_gate", "gate_result"):
+        state = "passed" if data.get("passed") else "failed"
+        why = " (timed out)" if data.get("timed_out") else f" (exit {data.get('exit_code')})"
+        where = f"{n} candidate {data.get('candidate')}: " if kind == "team_gate" else ""
+        return f"{where}gate {state}{why}: {prose(data.get('command'))}"
+    if kind == "team_verdict":
+        return f"{n}: [{as_text(data.get('reviewer'))}] {as_text(data.get('verdict'))}: " + prose(
+            data.get("summary")
+        )
+    if kind == "team_bad_verdict":
+        return f"{n}: [{as_text(data.get('reviewer'))}] malformed verdict: " + prose(
+            data.get("problem")
+        )
+    if kind == "team_decision":
+        state = "approved" if data.get("approved") else "not approved"
+        return f"{n}: {state}, candidate {data.get('chosen')}, {data.get('approvals')} approval(s)"
+    if kind == "team_progress":
+        branch = as_text(data.get("branch")) if data.get("branch") else "no branch yet"
+        gates = data.get("gates") if isinstance(data.get("gates"), list) else []
+        reviews = data.get("reviews") if isinstance(data.get("reviews"), list) else []
+        status = as_text(data.get("status"))
+        return (
+            f"round {data.get('rounds')} of {data.get('max_rounds')} · {status}"
+            f" · {len(gates)} gate run(s) · {len(reviews)} review round(s) · {branch}"
+        )
     return json.dumps(data, ensure_ascii=False, default=str)
 
 
