@@ -165,8 +165,9 @@ def _team(kind: str, data: dict[str, Any]) -> str:
         return f"{n}: {state}, candidate {data.get('chosen')}, {data.get('approvals')} approval(s)"
     if kind == "team_progress":
         branch = as_text(data.get("branch")) if data.get("branch") else "no branch yet"
-        gates = data.get("gates") if isinstance(data.get("gates"), list) else []
-        reviews = data.get("reviews") if isinstance(data.get("reviews"), list) else []
+        gates, reviews = data.get("gates"), data.get("reviews")
+        gates = gates if isinstance(gates, list) else []
+        reviews = reviews if isinstance(reviews, list) else []
         status = as_text(data.get("status"))
         return (
             f"round {data.get('rounds')} of {data.get('max_rounds')} · {status}"
