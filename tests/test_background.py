@@ -531,3 +531,33 @@ def test_reap_kills_what_of_a_run_left_its_process_group(tmp_path: Path) -> None
         for proc in (leader, escaped, bwrap_like, other):
             proc.kill()
             proc.wait(30)
+
+
+def test_every_background_child_is_notified_not_only_the_first(project: Path) -> None:
+    """A notification delivered once must not cut the spawner off from the next ones."""
+    bash = {"tool": "bash", "input": {"command": "sleep 1.2"}}
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {
+                        "tool_calls": [
+                            task_call("quick", run_in_background=True),
+                            task_call("slow", run_in_background=True),
+                        ]
+                    },  # fmt: skip
+                    {"tool_calls": [bash]},
+                    {"expect_result": "QUICK-DONE", "tool_calls": [bash, bash]},
+                    {"expect_result": "SLOW-DONE", "text": "both arrived"},
+                ],
+            },
+            {"depth": 1, "prompt": "quick", "turns": [{"text": "QUICK-DONE", "latency_s": 0.2}]},
+            {"depth": 1, "prompt": "slow", "turns": [{"text": "SLOW-DONE", "latency_s": 1.8}]},
+        ]
+    }
+    h = harness(project, script)
+    root = h.run()
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    last = json.dumps(h.requests_of(root.run_id)[-1].messages[-1])
+    assert "SLOW-DONE" in last and "task-notification" in last

@@ -287,7 +287,9 @@ class AgentRun:
             self.ctx.store.save_transcript(self.ctx.run_id, self.messages)
 
     def _take_notes(self) -> list[Block]:
-        notes, self.ctx.notifications = self.ctx.notifications, []
+        # emptied in place: the spawner (and a team's messages) keep appending to this list
+        notes = list(self.ctx.notifications)
+        self.ctx.notifications.clear()
         return [{"type": "text", "text": n} for n in notes] or [
             {"type": "text", "text": "(no new notifications)"}
         ]
