@@ -353,7 +353,22 @@ SUMMARIES = [
     ("tool_result", {"tool": "glob", "chars": 4, "preview": "a.py"}, "glob ok: a.py"),
     ("tool_refused", {"tool": "bash", "reason": "no\nway"}, "bash refused: no way"),
     ("run_finished", {"status": "cancelled"}, "cancelled"),
-    ("team_verdict", {"round": 1}, '{"round": 1}'),
+    (
+        "team_verdict",
+        {"round": 2, "reviewer": "sec", "verdict": "approve", "summary": "ok"},
+        "round 2: [sec] approve: ok",
+    ),
+    (
+        "team_gate",
+        {"round": 1, "candidate": 2, "passed": False, "exit_code": 3, "command": "t"},
+        "round 1 candidate 2: gate failed (exit 3): t",
+    ),
+    (
+        "team_decision",
+        {"round": 1, "chosen": 2, "approvals": 1, "approved": False},
+        "round 1: not approved, candidate 2, 1 approval(s)",
+    ),
+    ("team_other", {"round": 1}, '{"round": 1}'),
     ("assistant_text", "not a dict", '"not a dict"'),
 ]
 

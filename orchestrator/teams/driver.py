@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..branches import merge as merge_branch
 from ..catalog.definitions import AgentDefinition
@@ -41,18 +41,18 @@ from ..engine.runner import Driven, Runner
 from ..errors import OrchError, UsageError
 from ..project.git import RepoPaths
 from ..project.repo import diff_stats, discover, rev
-from ..run import RunRecord, RunStatus
-from ..spec import DriverCall, Limits, RunSpec
+from ..run import RunStatus
+from ..spec import DriverCall, RunSpec
 from ..workspaces.registry import tier_config
 from ..workspaces.shared import SharedConfig
 from . import gate as gates
 from . import review
 from .plan import TeamPlan, check_plan
-from .progress import PROGRESS, Candidate, ReviewNote, ReviewRound, TeamResult, TeamRun, read_result
+from .progress import PROGRESS, Candidate, ReviewRound, TeamResult, read_result
+from .steps import Crew, shown_candidate
 from .summary import summary
 
 KIND = "team"  # the driver's name in ``RunSpec.driver``
-Role = Literal["writer", "gate", "reviewer"]
 
 
 async def base_commit(workdir: Path) -> tuple[RepoPaths, str]:
@@ -73,16 +73,6 @@ async def base_commit(workdir: Path) -> tuple[RepoPaths, str]:
     return repo, head
 
 
-def reviewer_tags(reviewers: list[str]) -> list[str]:
-    """Each reviewer's tag: its agent name, with #2, #3 for an agent named again."""
-    seen: dict[str, int] = {}
-    tags = []
-    for name in reviewers:
-        seen[name] = seen.get(name, 0) + 1
-        tags.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
-    return tags
-
-
 class TeamDriver:
     """The body of a team's root run: its rounds, then the outcome the runner records."""
 
@@ -100,7 +90,6 @@ class TeamDriver:
             source="orch team",
         )
         self.writer_network = runner.catalog.agent(plan.writer).network
-        self.tags = reviewer_tags(plan.reviewers)
 
     # -- the run ------------------------------------------------------------------------
     async def drive(self, run: Driven) -> LoopOutcome:
@@ -108,6 +97,10 @@ class TeamDriver:
         self.workdir = run.record.planned().spec.workdir
         self.repo, base = await base_commit(self.workdir)
         self.result = self._start(base)
+        self.crew = Crew(
+            self.runner, self.root, self.workdir, self.repo, self.plan, self.writer_network,
+            runs=self.result.runs,
+        )  # fmt: skip
         note = self._note()
         try:
             if note:
@@ -207,21 +200,6 @@ class TeamDriver:
         )
 
     # -- the steps ----------------------------------------------------------------------
-    async def _child(self, spec: RunSpec, driver: gates.GateDriver | None = None) -> RunRecord:
-        return await self.runner.wait(await self.runner.spawn(spec, driver=driver))
-
-    def _ran(self, n: int, role: Role, rec: RunRecord, candidate: int | None = None) -> None:
-        self.result.runs.append(
-            TeamRun(
-                round=n,
-                role=role,
-                candidate=candidate,
-                run_id=rec.run_id,
-                status=rec.status,
-                error=rec.error,
-            )
-        )
-
     def _what(self, n: int, step: str, c: Candidate) -> str:
         which = f" (candidate {c.number})" if self.plan.writers > 1 else ""
         return f"team round {n}: {step}{which}"
@@ -251,8 +229,8 @@ class TeamDriver:
             )
             prompt = review.writer_followup(res.task, c.branch, n, message)
             spec = RunSpec(prompt=prompt, agent=plan.writer, workspace=tier, **common)
-        rec = await self._child(spec)
-        self._ran(n, "writer", rec, c.number)
+        rec = await self.crew.child(spec)
+        self.crew.ran(n, "writer", rec, c.number)
         c.writer_run = rec.run_id
         made = [str(a["branch"]) for a in rec.artifacts if a.get("kind") == "branch"]
         if c.branch is not None and made and made[0] != c.branch:
@@ -275,28 +253,12 @@ class TeamDriver:
             c.written, c.state, c.feedback, c.error = n, "writing", None, None
 
     async def _gate(self, n: int, c: Candidate) -> None:
-        plan = self.plan
-        if plan.gate is None:
+        if self.plan.gate is None:
             c.state = "passed"
             return
         assert c.branch is not None and c.commit is not None
-        tier = tier_config(plan.isolation).model_copy(update={"branch": c.branch, "discard": True})
-        spec = RunSpec(
-            prompt=f"Run the team's test gate: {plan.gate}",
-            description=self._what(n, "gate", c),
-            parent_run_id=self.root.run_id,
-            workdir=self.workdir,
-            workspace=tier,
-            limits=Limits(timeout_seconds=plan.gate_timeout + gates.GRACE_S),
-        )
-        driver = gates.GateDriver(plan.gate, plan.gate_timeout, self.writer_network)
-        rec = await self._child(spec, driver)
-        self._ran(n, "gate", rec, c.number)
-        result = gates.gate_result(rec, n, c.number, c.commit, plan.gate)
+        result = await self.crew.gate(n, c.number, c.branch, c.commit, self._what(n, "gate", c))
         self.result.gates.append(result)
-        self.runner.event(
-            self.root.run_id, "team_gate", result.model_dump(mode="json", exclude={"output"})
-        )
         if result.passed:
             c.state = "passed"
         else:
@@ -307,19 +269,14 @@ class TeamDriver:
         shown = []
         for c in passed:
             assert c.branch is not None and c.commit is not None
-            diff = await review.branch_diff(self.repo, res.base, c.commit)
             ran = [g for g in res.gates if g.round == n and g.candidate == c.number]
-            gate_text = gates.for_reviewer(ran[-1] if ran else None)
-            body = review.candidate_block(res.base, c.commit, diff, gate_text)
-            shown.append((c.number, c.branch, c.commit, body))
+            gate = ran[-1] if ran else None
+            shown.append(
+                await shown_candidate(self.repo, res.base, c.number, c.branch, c.commit, gate)
+            )
         numbers = [c.number for c in passed]
         earlier = {note.reviewer: note.verdict for r in res.reviews[-1:] for note in r.notes}
-        notes = await asyncio.gather(
-            *(
-                self._reviewer(n, agent, tag, shown, numbers, earlier.get(tag))
-                for agent, tag in zip(self.plan.reviewers, self.tags, strict=True)
-            )
-        )
+        notes = await self.crew.reviews(n, res.task, res.base, shown, res.max_rounds, earlier)
         chosen, approvals, approved = review.decide([x.verdict for x in notes], self.plan.approve)
         decided = ReviewRound(
             round=n,
@@ -344,61 +301,6 @@ class TeamDriver:
             {"round": n, "chosen": chosen, "approvals": approvals, "approved": approved},
         )
         return decided
-
-    async def _reviewer(
-        self,
-        n: int,
-        agent: str,
-        tag: str,
-        shown: list[tuple[int, str, str, str]],
-        numbers: list[int],
-        previous: review.Verdict | None,
-    ) -> ReviewNote:
-        res = self.result
-        first = review.reviewer_prompt(res.task, shown, res.base, n, res.max_rounds, previous)
-        checkout = shown[0][1]  # the first candidate is checked out, in the writer's tier
-        tier = tier_config(self.plan.isolation).model_copy(
-            update={"branch": checkout, "discard": True}
-        )
-        prompt, problem, seen = first, "", []
-        for attempt in (1, 2):
-            spec = RunSpec(
-                prompt=prompt,
-                agent=agent,
-                description=f"team round {n}: review by {tag}" + (" (again)" * (attempt - 1)),
-                model=self.plan.models.reviewers,
-                parent_run_id=self.root.run_id,
-                workdir=self.workdir,
-                workspace=tier,
-            )
-            rec = await self._child(spec)
-            self._ran(n, "reviewer", rec)
-            seen.append(rec.run_id)
-            if rec.status != RunStatus.SUCCEEDED:
-                why = rec.error or rec.status.value
-                raise OrchError(f"round {n}: reviewer {tag} (run {rec.run_id}) {rec.status}: {why}")
-            try:
-                verdict = review.check_choice(review.parse_verdict(rec.output), numbers)
-            except review.VerdictError as e:
-                problem = str(e)
-                self.runner.event(
-                    self.root.run_id,
-                    "team_bad_verdict",
-                    {"round": n, "reviewer": tag, "run_id": rec.run_id, "problem": problem},
-                )
-                prompt = review.reviewer_retry(first, rec.output, problem)
-                continue
-            self.runner.event(
-                self.root.run_id,
-                "team_verdict",
-                {"round": n, "reviewer": tag, "run_id": rec.run_id, **verdict.model_dump()},
-            )
-            return ReviewNote(reviewer=tag, run_id=rec.run_id, verdict=verdict)
-        raise OrchError(
-            f"round {n}: the verdict of reviewer {tag} was malformed twice "
-            f"(runs {', '.join(seen)}): "
-            f"{problem}"
-        )
 
     async def _merge(self) -> None:
         branch = self.result.branch
