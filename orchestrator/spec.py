@@ -82,6 +82,9 @@ class RunSpec(BaseModel):
     # message (a new run, same agent, tier, branch and chain; see admission.resumable).
     resume: str | None = None
     driver: DriverCall | None = None  # a root run driven by code (``Runner.drivers``)
+    # Tools a driver grants the run beyond its agent's (a lead team's board tools); only
+    # ``granted`` tools, and never more than its parent has.
+    grants: list[str] = Field(default_factory=list)
 
 
 class RunPlan(BaseModel):

@@ -24,7 +24,7 @@ from orchestrator.models import ModelProvider, ScriptedModel
 from orchestrator.run import RunRecord
 from orchestrator.spec import Limits, RunSpec
 from orchestrator.store import SqliteStore
-from orchestrator.teams.driver import KIND, team_driver
+from orchestrator.teams.kinds import KIND, team_driver
 from orchestrator.workspaces.registry import tier_config
 
 RUN_DEADLINE_S = 300.0  # no test's run takes this long: it hangs

@@ -196,6 +196,15 @@ def run(
     ] = None,
     writer_model: Annotated[str | None, typer.Option(help="The writers' model.")] = None,
     reviewer_model: Annotated[str | None, typer.Option(help="The reviewers' model.")] = None,
+    lead: Annotated[
+        bool, typer.Option("--lead", help="A lead agent splits PROMPT into tasks on a board.")
+    ] = False,
+    lead_agent: Annotated[
+        str | None, typer.Option("--lead-agent", help="The lead's agent (default: general).")
+    ] = None,
+    teammates: Annotated[
+        int | None, typer.Option("--teammates", min=1, help="A lead team's teammates.")
+    ] = None,
     background: Annotated[bool, typer.Option("--background", help="Run detached.")] = False,
     agents_dir: AgentsDirOpt = None,
     workdir: WorkdirOpt = None,
@@ -233,6 +242,8 @@ def run(
         isolation=isolation,
         merge=mode,
         allow_control_files=allow_control_files or None,
+        lead=lead_agent or (file.lead if file else None) or ("general" if lead else None),
+        teammates=teammates,
         models={
             "writer": writer_model or (file.models.writer if file else None),
             "reviewers": reviewer_model or (file.models.reviewers if file else None),
@@ -310,3 +321,75 @@ def status(
         return
     show(result)
     out.print(f"status  {result.status.value}")
+
+
+def _follow(run_id: str, workdir: Path | None, as_json: bool, follow: bool, what: str) -> None:
+    """Print a team's board or messages (``what``), then with ``follow`` what changes."""
+    import time
+
+    from ..process.opened import find_run
+    from ..teams.progress import read_result
+
+    project = open_project(workdir, quiet=True)
+    record = find_run(project.store, run_id)
+    seen: list[str] = []
+    while True:
+        record = project.store.require_run(record.run_id)
+        result = read_result(project.store, record)
+        if result is None or result.board is None:
+            raise UsageError(
+                f"run {record.run_id} is not a lead team's run; `orch team run --lead` makes one"
+            )
+        if what == "board":
+            items = [t.model_dump(mode="json") for t in result.board.tasks]
+            lines = [
+                f"{t.id} {t.state}"
+                + (f" [{t.owner}]" if t.owner else "")
+                + f": {t.title}"
+                + (f" (after {', '.join(t.depends_on)})" if t.depends_on else "")
+                for t in result.board.tasks
+            ]
+        else:
+            items = [m.model_dump(mode="json") for m in result.board.messages]
+            lines = [f"#{m.id} {m.sender} -> {m.to}: {m.text}" for m in result.board.messages]
+        if as_json and not follow:
+            print_json(items)
+            return
+        if what == "board" and lines != seen:
+            if seen:
+                out.print("[dim]--[/]")
+            for line in lines:
+                out.print(safe_text(line))
+        elif what == "messages":
+            for line in lines[len(seen) :]:
+                out.print(safe_text(line))
+        seen = lines
+        if not follow or record.status.ended:
+            return
+        time.sleep(0.5)
+
+
+@team_app.command("board")
+@handles_errors
+def board(
+    run_id: Annotated[str, typer.Argument(help="A lead team's run (its root's id or a prefix).")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show it again as it changes.")
+    ] = False,
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A lead team's board: each task, its state and who holds it."""
+    _follow(run_id, workdir, as_json, follow, "board")
+
+
+@team_app.command("messages")
+@handles_errors
+def messages(
+    run_id: Annotated[str, typer.Argument(help="A lead team's run (its root's id or a prefix).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Then each new one.")] = False,
+    workdir: WorkdirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The messages a lead team's members sent one another."""
+    _follow(run_id, workdir, as_json, follow, "messages")

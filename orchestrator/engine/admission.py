@@ -72,7 +72,9 @@ class Admission:
         if resumed is not None:
             spec = self.continuation(spec, resumed)
         definition = driving or resolve_agent(self.catalog, spec.agent)
-        requested = definition.allowed_tools(self.tools.names())
+        granted = self.tools.granted()  # never from a definition, only a driver's grant
+        requested = [t for t in definition.allowed_tools(self.tools.names()) if t not in granted]
+        requested += [t for t in dict.fromkeys(spec.grants) if t in granted]
         own_denies = [DENY + t for t in definition.disallowed_tools if is_mcp(t)]
         if resumed is not None and parent is None:  # a root goes on in its own chain
             chain_id, depth, max_depth = resumed.chain_id, resumed.depth, resumed.max_depth
@@ -195,6 +197,7 @@ class Admission:
                 "workdir": before.workdir,
                 "workspace": tier,
                 "driver": spec.driver or before.driver,
+                "grants": spec.grants or before.grants,
             }
         )
 

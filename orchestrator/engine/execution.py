@@ -29,7 +29,7 @@ from ..policy.checks import Policy, run_hooks
 from ..run import RunRecord, RunStatus, now
 from ..spec import RunSpec
 from ..store import RunStore
-from ..tools.base import ToolContext, ToolRegistry
+from ..tools.base import BoardSeat, ToolContext, ToolRegistry
 from ..workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
 from ..workspaces.base import Runtime
 from ..workspaces.registry import choose_tier, tier_config
@@ -55,6 +55,7 @@ class LiveRun:
     job: asyncio.Task[RunRecord] | None = None
     progress: float = field(default_factory=time.monotonic)  # its last progress (monotonic)
     workspace: Workspace | None = None  # while open: its children's specs name it
+    notifications: list[str] | None = None  # while its loop runs: its next turn's notes
 
     @property
     def held(self) -> bool:
@@ -71,6 +72,7 @@ class Host(Engine, Protocol):
     provision: Provision
     held: dict[str, str]
     live: dict[str, LiveRun]  # the runs of this process that have not ended
+    seats: dict[str, BoardSeat]  # run id -> its seat on a lead team's board
 
     def child_env(self) -> dict[str, str]: ...
 
@@ -138,6 +140,7 @@ class Execution:
                 store.patch_run(record.run_id, workspace=info)
                 record = record.model_copy(update={**started, "workspace": info})
                 notifications: list[str] = []
+                self.live.notifications = notifications  # Runner.notify appends here
                 evidence = record.evidence.model_copy()
                 spawner = ChildSpawner(self.host, record, ws.root, notifications, evidence)
                 memory = None
@@ -217,6 +220,7 @@ class Execution:
                 evidence=spawner.evidence,
                 spawner=spawner,
                 skills=host.catalog.skills,
+                board=host.seats.get(record.run_id),
             ),
             notifications=notifications,
             host_root=self.live.workspace.root if self.live.workspace else None,

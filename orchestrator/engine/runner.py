@@ -43,7 +43,8 @@ from ..run import RunRecord, RunStatus
 from ..spec import Launch, RunSpec
 from ..store import ChainFull, RunStore, store_paths
 from ..tools import builtin_tools
-from ..tools.base import Tool, ToolRegistry
+from ..tools.base import BoardSeat, Tool, ToolRegistry
+from ..tools.boardtools import board_tools
 from ..tools.delegate import delegation_tools
 from ..workspaces.base import Runtime
 from .admission import Admission
@@ -102,7 +103,7 @@ class Runner:
         self.models = models
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
         if tools is None:
-            for tool in delegation_tools():
+            for tool in [*delegation_tools(), *board_tools()]:
                 self.tools.add(tool)
         # How another process rebuilds this runner (kept with detached runs for their worker).
         self.launch = launch or Launch()
@@ -110,6 +111,7 @@ class Runner:
         self.provision: Provision = provision or (lambda config, spec: config.provision(spec))
         self.executor = executor  # None: every run executes in this process
         self.drivers: dict[str, DriverFactory] = dict(drivers or {})
+        self.seats: dict[str, BoardSeat] = {}  # run id -> its seat on a lead team's board
         self.live: dict[str, LiveRun] = {}  # runs admitted or adopted here, not yet ended
         self.held: dict[str, str] = {}  # run id -> the status its ending held back (on a node)
         self.places = Places(settings.max_parallel_children, settings.max_chain_running)
@@ -222,6 +224,14 @@ class Runner:
             job.cancel()
         if jobs:
             await asyncio.gather(*jobs, return_exceptions=True)
+
+    def notify(self, run_id: str, text: str) -> bool:
+        """Hand ``text`` to a live run of this process at its next turn (False: not live)."""
+        live = self.live.get(run_id)
+        if live is None or live.notifications is None:
+            return False
+        live.notifications.append(text)
+        return True
 
     def event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         """An event in a run's stream (for drivers: they never write the store)."""

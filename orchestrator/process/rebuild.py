@@ -43,7 +43,7 @@ def assemble(
     """A Runner whose runs execute in this process (``executor.py`` gives it the executor
     its settings choose), with the drivers a stored run may name (a team's root)."""
     from ..engine.runner import Runner
-    from ..teams.driver import KIND, team_driver
+    from ..teams.kinds import KIND, team_driver
 
     return Runner(
         settings=settings,

@@ -30,7 +30,6 @@ from it (an interrupted round again; an unapproved team, ``rounds`` more rounds)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from ..project.git import RepoPaths
 from ..project.repo import diff_stats, discover, rev
 from ..run import RunStatus
 from ..spec import DriverCall, RunSpec
+from ..tools.boardtools import LEAD_TOOLS, TEAMMATE_TOOLS
 from ..workspaces.registry import tier_config
 from ..workspaces.shared import SharedConfig
 from . import gate as gates
@@ -98,9 +98,14 @@ class TeamDriver:
         self.repo, base = await base_commit(self.workdir)
         self.result = self._start(base)
         self.crew = Crew(
-            self.runner, self.root, self.workdir, self.repo, self.plan, self.writer_network,
+            self.runner,
+            self.root,
+            self.workdir,
+            self.repo,
+            self.plan,
+            self.writer_network,
             runs=self.result.runs,
-        )  # fmt: skip
+        )
         note = self._note()
         try:
             if note:
@@ -358,11 +363,6 @@ class TeamDriver:
         return LoopOutcome(res.status, summary(res), error, artifacts)
 
 
-def team_driver(runner: Runner, params: Mapping[str, Any]) -> TeamDriver:
-    """The driver of a stored team run (``Runner.drivers[KIND]``)."""
-    return TeamDriver(runner, TeamPlan.model_validate(dict(params)))
-
-
 def team_spec(prompt: str, workdir: Path, plan: TeamPlan, *, background: bool = False) -> RunSpec:
     """The spec of a team's root run."""
     if not prompt.strip():
@@ -374,6 +374,8 @@ def team_spec(prompt: str, workdir: Path, plan: TeamPlan, *, background: bool = 
         workspace=SharedConfig(),
         background=background,
         driver=DriverCall(kind=KIND, params=plan.model_dump(mode="json")),
+        # a lead team's root holds the board tools its lead and teammates are granted
+        grants=[*LEAD_TOOLS, *TEAMMATE_TOOLS] if plan.lead is not None else [],
     )
 
 

@@ -63,6 +63,10 @@ class TeamFile(BaseModel):
     isolation: TeamIsolation = "worktree"
     merge: MergeMode = "none"
     models: RoleModels = Field(default_factory=RoleModels)
+    # A lead team: this agent breaks the goal into tasks on a board that ``teammates``
+    # writers (the ``writer`` agent) claim; each task is gated, reviewed and merged.
+    lead: StrictStr | None = None
+    teammates: int = Field(default=2, ge=1, le=MAX_WRITERS, strict=True)
 
 
 class TeamPlan(TeamFile):
@@ -152,6 +156,10 @@ def check_plan(plan: TeamPlan, catalog: Catalog, tools: ToolRegistry) -> None:
     who = f"team {plan.name!r}" if plan.name else "the team"
     names = tools.names()
     roles = [("writer", plan.writer)] + [("reviewer", r) for r in plan.reviewers]
+    if plan.lead is not None:
+        roles.append(("lead", plan.lead))
+        if plan.writers > 1:
+            raise UsageError(f"{who}: a lead team has teammates, not best-of-N writers")
     for role, agent in roles:
         if agent not in catalog.agents:
             known = ", ".join(sorted(catalog.agents))

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from ..run import RunRecord, RunStatus
 from ..store import RunStore
+from .board import BoardState
 from .gate import GateResult
 from .plan import TeamPlan
 from .review import Verdict
@@ -26,7 +27,7 @@ class TeamRun(BaseModel):
     """One writer, gate or reviewer run of the team (a child of the root run)."""
 
     round: int
-    role: Literal["writer", "gate", "reviewer"]
+    role: Literal["writer", "gate", "reviewer", "lead", "teammate"]
     candidate: int | None = None  # the writer's or gate's candidate
     run_id: str
     status: RunStatus
@@ -89,6 +90,7 @@ class TeamResult(BaseModel):
     merged: bool = False
     merge_commit: str | None = None  # the user's HEAD after the merge
     resumed_from: str | None = None  # the team root this one continues
+    board: BoardState | None = None  # a lead team's board: its tasks and messages
     error: str | None = None
 
     @property

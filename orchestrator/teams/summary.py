@@ -10,6 +10,8 @@ def summary(res: TeamResult) -> str:
     plan = res.plan
     reviewers = ", ".join(plan.reviewers)
     writers = f"{plan.writers} x {plan.writer}" if plan.writers > 1 else plan.writer
+    if plan.lead is not None:
+        writers = f"lead {plan.lead} + {plan.teammates} x {plan.writer}"
     lines = [
         f"{plan.title}: {writers} + {reviewers} (approve: {plan.approve}), "
         f"round {res.rounds} of {res.max_rounds}"
@@ -27,6 +29,11 @@ def summary(res: TeamResult) -> str:
         lines.append(
             f"branch {res.branch} at {(res.commit or '')[:12]} (base {res.base[:12]}{changed})"
         )
+    if res.board is not None:
+        lines.append(f"lead {plan.lead}, {plan.teammates} teammate(s); the board:")
+        for t in res.board.tasks:
+            who = f" [{t.owner}]" if t.owner else ""
+            lines.append(f"  {t.id} {t.state}{who}: {t.title}")
     for g in res.gates:
         which = f" candidate {g.candidate}" if plan.writers > 1 else ""
         lines.append(f"round {g.round}{which}: {g.headline()}")

@@ -65,6 +65,43 @@ class Spawner(Protocol):
     async def stop(self, task_id: str) -> ToolOutput: ...
 
 
+class TaskView(Protocol):
+    """A task on a lead team's board, as its tools show it (``teams.board.BoardTask``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def notes(self) -> list[str]: ...
+
+
+class BoardSeat(Protocol):
+    """A run's place on a lead team's board (``teams.board.Seat``): the board tools act
+    through it, as its member, with its role's rights."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+
+    def add(self, title: str, detail: str, depends_on: list[str]) -> TaskView: ...
+
+    def update(self, task_id: str, **changes: object) -> TaskView: ...
+
+    def claim(self) -> TaskView | None: ...
+
+    def done(self, task_id: str, summary: str) -> TaskView: ...
+
+    def message(self, to: str, text: str) -> object: ...
+
+    def listing(self) -> str: ...
+
+    async def wait(self, timeout_s: float) -> str: ...
+
+
 @dataclass
 class ToolContext:
     """What one run's tools may use, and nothing more."""
@@ -76,6 +113,7 @@ class ToolContext:
     evidence: Evidence
     spawner: Spawner
     skills: Mapping[str, SkillDefinition]
+    board: BoardSeat | None = None  # a lead team's member: its seat at the board
 
 
 _SCHEMAS: dict[type[Tool], dict[str, Any]] = {}
@@ -86,6 +124,7 @@ class Tool:
     description: str
     input_model: ClassVar[type[ToolInput]]
     writes: ClassVar[bool] = False  # changes files (a read-only agent may not have it)
+    granted: ClassVar[bool] = False  # only a driver grants it (``RunSpec.grants``), never a file
 
     def schema(self) -> dict[str, Any]:
         """The schema sent to the model; built once per tool class (pydantic is slow at it)."""
@@ -123,6 +162,10 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def granted(self) -> frozenset[str]:
+        """The tools no agent definition gives: a driver grants them (a team's board)."""
+        return frozenset(n for n, t in self._tools.items() if t.granted)
 
     def writers(self) -> frozenset[str]:
         """The tools that change files."""

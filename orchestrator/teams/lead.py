@@ -1,0 +1,368 @@
+"""A lead team: a lead agent, a shared task board, teammates, and every task checked.
+
+The root run (agent ``team``) is driven by :class:`LeadDriver`. It makes the team's
+integration branch ``orch/team/<id>`` at the user's HEAD and starts the lead (the team's
+``lead`` agent, granted the board tools a lead has: ``board_add``, ``board_list``,
+``board_update``, ``board_wait``, ``message``; it reads a throwaway checkout of the
+integration branch). While a task is ready and a teammate is free, the driver starts a
+teammate run (the ``writer`` agent, granted ``board_claim``, ``board_done``, ``board_list``,
+``board_wait``, ``message``) on a branch of its own from the integration branch's tip; the
+teammate claims a task, works, and hands it in. Its work then passes the team's gate and
+reviewers (:mod:`.steps`) and is merged onto the integration branch (:mod:`.integrate`); a
+failed gate, a rejection or a conflict sends the task back to the board with the reason,
+until ``rounds`` attempts. Messages go through the board (:mod:`.board`) to the next turn of
+their recipient. The team ends when the lead has ended and no task can move; it is approved
+when every task is merged, and then merged into the user's HEAD with ``merge``.
+
+Every board change is an event of the root, and after each the whole result is too
+(``team_progress``): ``orch team board``, ``orch team messages`` and ``orch team status``
+read them, and ``orch resume`` continues from them: merged tasks stay merged, claimed or
+unchecked ones are ready again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from ..branches import merge as merge_branch
+from ..engine.agent import LoopOutcome
+from ..engine.runner import Driven, Runner
+from ..errors import OrchError
+from ..project.repo import diff_stats, rev, short_run_id
+from ..run import RunRecord, RunStatus
+from ..spec import RunSpec
+from ..tools.boardtools import LEAD_TOOLS, TEAMMATE_TOOLS
+from ..workspaces.registry import tier_config
+from . import gate as gates
+from . import review
+from .board import Board, BoardState, BoardTask, Role
+from .driver import TeamDriver, base_commit
+from .integrate import Conflict, delete_if_unused, ensure_branch, merge_onto
+from .plan import TeamPlan
+from .progress import PROGRESS, TeamResult, read_result
+from .steps import Crew, shown_candidate
+from .summary import summary
+
+POLL_S = 5.0  # the scheduler looks again at least this often
+LEAD_PROMPT = """You lead a team of {count} teammate(s) ({names}) on this goal:
+<goal>
+{task}
+</goal>
+
+Break the goal into tasks on the team's board with board_add: a title, a detail saying what
+done means and which files, and depends_on for tasks that need another merged first.
+Teammates claim ready tasks; each works on its own branch from the team's integration branch
+{integration}, and each finished task passes the test gate and the reviewers and is merged
+there, or comes back to the board with the reason. Use board_wait to wait for progress
+(never poll), message to talk to a teammate or to all, and board_update to change or cancel
+a task nobody holds. When every task is done, answer with a short summary of what the team
+delivered."""
+TEAMMATE_PROMPT = """You are {name}, a teammate in a team run by its lead ("lead"). The goal:
+<goal>
+{task}
+</goal>
+
+Call board_claim to get a task, then do it in your workspace: your own branch from the
+team's integration branch, with every task merged so far. When it is done and tested, call
+board_done with its id and a summary, then end your turn with a one-line summary. If no
+task is ready, end your turn. Use message to ask the lead or a teammate (they are
+{others}), and board_wait to wait for an answer."""
+
+
+class LeadDriver(TeamDriver):
+    """The body of a lead team's root run."""
+
+    def __init__(self, runner: Runner, plan: TeamPlan) -> None:
+        super().__init__(runner, plan)
+        self.definition = self.definition.model_copy(
+            update={
+                "tools": list(
+                    dict.fromkeys([*(self.definition.tools or []), *LEAD_TOOLS, *TEAMMATE_TOOLS])
+                )
+            }
+        )
+        self.members = [f"teammate-{k}" for k in range(1, plan.teammates + 1)]
+        self.started: dict[str, int] = {}  # member -> runs started
+        # member -> the board's version when its last run claimed nothing: it is started
+        # again only once the board has changed since (no run after run for nothing)
+        self.idle: dict[str, int] = {}
+
+    async def drive(self, run: Driven) -> LoopOutcome:
+        self.root, self.runner = run.record, run.runner
+        self.workdir = run.record.planned().spec.workdir
+        self.repo, base = await base_commit(self.workdir)
+        self.result = self._begin(base)
+        self.crew = Crew(
+            self.runner,
+            self.root,
+            self.workdir,
+            self.repo,
+            self.plan,
+            self.writer_network,
+            runs=self.result.runs,
+        )
+        state = self.result.board or BoardState()
+        self.result.board = state
+        self.board = Board(
+            state,
+            self.members,
+            record=self._recorded,
+            deliver=self.runner.notify,
+            describe=lambda rid, text: self.runner.store.patch_run(rid, description=text),
+        )
+        for task in state.tasks:  # a resumed board: what was under way is ready again
+            if task.state in ("claimed", "checking"):
+                task.state, task.owner, task.run_id = "ready", None, None
+                task.notes.append("the team run was interrupted; ready again")
+        try:
+            assert self.result.branch is not None
+            await ensure_branch(self.repo, self.result.branch, base)
+            await self._run()
+            self.result.approved = self.board.settled() and all(
+                t.state == "done" for t in state.tasks
+            )
+            if not self.result.approved:
+                failed = [t.id for t in state.tasks if t.state != "done"]
+                raise OrchError(
+                    "not every task was merged ("
+                    + (", ".join(failed) or "the lead added no task")
+                    + f"); the work so far is on {self.result.branch}"
+                )
+            if self.plan.merge != "none":
+                await self._merge()
+        except OrchError as e:
+            self.result.error = str(e)
+        except asyncio.CancelledError:
+            self.result.status, self.result.error = RunStatus.CANCELLED, "cancelled"
+            self._save()
+            raise
+        except Exception as e:  # a bug must end the team as failed, not leave it running
+            self.result.error = f"{type(e).__name__}: {e}".strip()
+        ok = self.result.approved and self.result.error is None
+        self.result.status = RunStatus.SUCCEEDED if ok else RunStatus.FAILED
+        await self._diffstat()
+        self._save()
+        return LoopOutcome(self.result.status, summary(self.result), self.result.error, [])
+
+    def _begin(self, base: str) -> TeamResult:
+        rec = self.root
+        if rec.resumed_from is None:
+            return TeamResult(
+                root_run_id=rec.run_id,
+                chain_id=rec.chain_id,
+                status=RunStatus.RUNNING,
+                plan=self.plan,
+                task=rec.prompt,
+                base=base,
+                max_rounds=self.plan.rounds,
+                branch=f"orch/team/{short_run_id(rec.run_id)}",
+            )
+        old = self.runner.store.require_run(rec.resumed_from)
+        before = read_result(self.runner.store, old)
+        if before is None or before.board is None:
+            raise OrchError(f"team run {old.run_id} left no board to continue; start anew")
+        if before.approved:
+            raise OrchError(f"team run {old.run_id} was approved; there is nothing to continue")
+        update = {"root_run_id": rec.run_id, "status": RunStatus.RUNNING, "error": None}
+        return before.model_copy(update={**update, "resumed_from": old.run_id})
+
+    def _recorded(self, kind: str, data: dict[str, object]) -> None:
+        self.runner.event(self.root.run_id, kind, dict(data))
+        self._save()
+
+    def _save(self) -> None:
+        self.runner.event(self.root.run_id, PROGRESS, self.result.model_dump(mode="json"))
+
+    async def _diffstat(self) -> None:
+        """The integration branch's tip and its diff stats against the base."""
+        res = self.result
+        res.commit = await rev(f"refs/heads/{res.branch}", self.repo)
+        if res.commit is not None:
+            files, ins, dels = await diff_stats(self.repo, res.base, res.commit)
+            res.diffstat = {"files_changed": files, "insertions": ins, "deletions": dels}
+
+    # -- the team at work ---------------------------------------------------------------
+    async def _run(self) -> None:
+        lead = asyncio.create_task(self._lead_run(), name=f"orch-lead-{self.root.run_id}")
+        jobs: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                for name in self.members:
+                    job = jobs.get(name)
+                    if job is not None and job.done():
+                        jobs.pop(name)
+                        job.result()  # a bug in a step ends the team, with its reason
+                if lead.done():
+                    lead.result()
+                ready = self.board.ready()
+                for name in self.members:
+                    rested = self.idle.get(name) != self.board.version
+                    if ready and name not in jobs and rested:
+                        jobs[name] = asyncio.create_task(self._teammate(name))
+                        ready = ready[1:]
+                if lead.done() and not jobs and not self._startable():
+                    self._strand()
+                    return
+                changed = asyncio.ensure_future(self.board.wait_quietly(POLL_S))
+                await asyncio.wait({lead, changed, *jobs.values()}, return_when="FIRST_COMPLETED")
+                changed.cancel()
+        finally:
+            pending = [j for j in (lead, *jobs.values()) if not j.done()]
+            for j in pending:
+                j.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    def _startable(self) -> bool:
+        """A ready task and a teammate who would be started for it."""
+        rested = any(self.idle.get(n) != self.board.version for n in self.members)
+        return bool(self.board.ready()) and rested
+
+    def _strand(self) -> None:
+        """Tasks that can never be ready (they wait on a failed one) fail, saying why."""
+        failed = {t.id for t in self.board.state.tasks if t.state == "failed"}
+        for t in self.board.state.tasks:
+            if t.state == "waiting" and failed.intersection(t.depends_on):
+                t.state = "failed"
+                t.notes.append(f"depends on failed {', '.join(sorted(failed & set(t.depends_on)))}")
+                self._recorded("board_task", t.model_dump(mode="json"))
+
+    def _seated(self, handle_record: RunRecord, name: str, role: Role) -> None:
+        seat = self.board.sit(handle_record.run_id, name, role)
+        self.runner.seats[handle_record.run_id] = seat
+
+    def _unseated(self, run_id: str) -> None:
+        self.board.leave(run_id)
+        self.runner.seats.pop(run_id, None)
+
+    async def _lead_run(self) -> None:
+        plan, res = self.plan, self.result
+        assert res.branch is not None
+        tier = tier_config(plan.isolation).model_copy(
+            update={"branch": res.branch, "discard": True}
+        )
+        prompt = LEAD_PROMPT.format(
+            count=len(self.members),
+            names=", ".join(self.members),
+            task=res.task,
+            integration=res.branch,
+        )
+        if res.resumed_from is not None:
+            prompt += "\n\nThe team run was interrupted and goes on now. The board:\n"
+            prompt += self.board.listing()
+        spec = RunSpec(
+            prompt=prompt,
+            agent=plan.lead,
+            description="lead",
+            parent_run_id=self.root.run_id,
+            workdir=self.workdir,
+            workspace=tier,
+            grants=list(LEAD_TOOLS),
+        )
+        handle = await self.runner.spawn(spec)
+        self._seated(handle.record, "lead", "lead")
+        for note in self.board.take_pending("lead"):
+            self.runner.notify(handle.record.run_id, note)
+        try:
+            rec = await self.runner.wait(handle)
+        finally:
+            self._unseated(handle.record.run_id)
+        self.crew.ran(0, "lead", rec)
+        self._save()
+
+    async def _teammate(self, name: str) -> None:
+        plan, res = self.plan, self.result
+        assert res.branch is not None
+        k = self.started[name] = self.started.get(name, 0) + 1
+        start = await rev(f"refs/heads/{res.branch}", self.repo)
+        assert start is not None
+        branch = f"orch/team-task/{short_run_id(self.root.run_id)}-{name}-{k}"
+        await ensure_branch(self.repo, branch, start)
+        others = ", ".join(["lead", *(m for m in self.members if m != name)])
+        prompt = TEAMMATE_PROMPT.format(name=name, task=res.task, others=others)
+        if pending := self.board.take_pending(name):
+            prompt += "\n\nMessages for you:\n" + "\n".join(pending)
+        tier = tier_config(plan.isolation).model_copy(update={"branch": branch, "base": start})
+        spec = RunSpec(
+            prompt=prompt,
+            agent=plan.writer,
+            description=f"{name}: claiming a task",
+            model=plan.models.writer,
+            parent_run_id=self.root.run_id,
+            workdir=self.workdir,
+            workspace=tier,
+            grants=list(TEAMMATE_TOOLS),
+        )
+        handle = await self.runner.spawn(spec)
+        rid = handle.record.run_id
+        self._seated(handle.record, name, "teammate")
+        try:
+            rec = await self.runner.wait(handle)
+        finally:
+            self._unseated(rid)
+        task = next((t for t in self.board.state.tasks if t.run_id == rid), None)
+        self.crew.ran(task.attempts + 1 if task else 0, "teammate", rec)
+        if task is None:
+            self.idle[name] = self.board.version
+            await delete_if_unused(self.repo, branch, start)
+        elif task.state == "claimed":
+            why = rec.error or rec.status.value
+            self._back(task, f"{name} ended without board_done ({rec.status.value}: {why})")
+        else:
+            task.branch = branch
+            await self._check(task, branch, start)
+
+    def _back(self, task: BoardTask, why: str) -> None:
+        self.board.give_back(task, why, limit=self.plan.rounds)
+
+    async def _check(self, task: BoardTask, branch: str, start: str) -> None:
+        """A handed-in task: its commits, the gate, the reviewers, the merge."""
+        plan, res = self.plan, self.result
+        n, number = task.attempts + 1, int(task.id.removeprefix("t"))
+        commit = await rev(f"refs/heads/{branch}", self.repo)
+        if commit is None or commit == start:
+            self._back(task, "board_done, but no change was committed on the task's branch")
+            return
+        gate = None
+        if plan.gate is not None:
+            gate = await self.crew.gate(n, number, branch, commit, f"{task.id} gate")
+            res.gates.append(gate)
+            self._save()
+            if not gate.passed:
+                self._back(task, gates.for_writer(gate))
+                return
+        what = f"{task.title}\n{task.detail}".strip()
+        shown = [await shown_candidate(self.repo, start, number, branch, commit, gate)]
+        notes = await self.crew.reviews(n, what, start, shown, plan.rounds, {})
+        _, approvals, approved = review.decide([x.verdict for x in notes], plan.approve)
+        self.crew.event(
+            "team_decision",
+            {"round": n, "chosen": number, "approvals": approvals, "approved": approved},
+        )
+        if not approved:
+            self._back(task, review.for_writer(n, [(x.reviewer, x.verdict) for x in notes]))
+            return
+        message = f"{task.id}: {task.title}\n\norch-team: {self.root.run_id}\n"
+        try:
+            merged = await merge_onto(self.repo, str(res.branch), branch, message)
+        except Conflict as e:
+            self._back(task, f"{e}; claim it again: you start from the new integration tip")
+            return
+        self.board.finish(task, merged)
+
+    async def _merge(self) -> None:
+        branch = self.result.branch
+        assert branch is not None
+        try:
+            report = await asyncio.to_thread(
+                merge_branch,
+                self.workdir,
+                branch,
+                squash=self.plan.merge == "squash",
+                allow_control_files=self.plan.allow_control_files,
+            )
+        except OrchError as e:
+            raise OrchError(f"every task merged, but merging {branch} failed: {e}") from None
+        self.result.merged = True
+        self.result.merge_commit = report.commit
