@@ -131,6 +131,9 @@ class RunRecord(BaseModel):
     # run on a Ray node (its pid means nothing elsewhere: reconcile goes by its heartbeat).
     node: str | None = None
     plan: RunPlan | None = None  # what it was admitted to do (None: an odd or old record)
+    # A driver's own state (a team's ``TeamResult``), replaced at each of its steps: what
+    # ``orch team status`` shows and ``orch resume`` continues from.
+    progress: dict[str, Any] | None = None
     launch: Launch = Field(default_factory=Launch)  # kept for a detached root's worker
     created_at: float = Field(default_factory=now)
     started_at: float | None = None

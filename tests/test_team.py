@@ -460,13 +460,14 @@ def test_the_gate_runs_sandboxed_in_a_throwaway_checkout_of_the_branch(repo: Pat
     assert gate_run.workspace["root"] != str(repo)
     assert not [a for a in gate_run.artifacts if a.get("kind") == "branch"]
     events = {e["kind"]: e["data"] for e in h.store.events(result.root_run_id)}
-    assert "team_progress" in events  # `orch logs` shows each team event in a line:
+    # `orch logs` shows each team event in a line:
     assert (
         summary("team_gate", events["team_gate"])
         == f"round 1 candidate 1: gate passed (exit 0): {gate}"
     )
     assert summary("team_verdict", events["team_verdict"]) == "round 1: [reviewer] approve: Good."
-    assert summary("team_progress", events["team_progress"]).startswith("round 1 of 3 · succeeded")
+    root = h.store.require_run(result.root_run_id)  # the progress: in the root's record
+    assert root.progress is not None and root.progress["approved"] is True
 
 
 def test_a_gate_past_its_timeout_fails_and_its_output_goes_back_to_the_writer(
@@ -480,7 +481,8 @@ def test_a_gate_past_its_timeout_fails_and_its_output_goes_back_to_the_writer(
     assert [(g.passed, g.timed_out) for g in result.gates] == [(False, True)] * 2
     assert all(g.seconds < 15 for g in result.gates)
     second = h.requests_of(result.runs[2].run_id)[0].messages[-1]["content"]
-    assert "gate timed out" in str(second) and "started" in str(second)
+    assert "gate timed out" in str(second)
+    assert "started" in result.gates[0].output  # what it printed before its time was up
 
 
 def test_a_crashed_throwaway_checkout_is_removed_not_committed(repo: Path) -> None:

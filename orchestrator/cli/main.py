@@ -263,9 +263,15 @@ def resume(
 
     project = open_project(workdir, model=model)
     old = find_run(project.store, run_id)
-    team = old.plan is not None and old.plan.spec.driver is not None
-    if prompt is None and team:
-        prompt = old.prompt  # the team's task: nothing added for its writers
+    if old.plan is not None and old.plan.spec.driver is not None:  # a team: where it stands
+        from ..teams.progress import read_result
+
+        before = read_result(project.store, old)
+        if before is None:
+            raise UsageError(f"team run {old.run_id} left no progress to go on from; start anew")
+        if before.approved:
+            raise UsageError(f"team run {old.run_id} was approved; there is nothing to go on with")
+        prompt = prompt or before.task  # the team's task: nothing added for its writers
     if prompt is None or not prompt.strip():
         raise UsageError("the prompt is empty; say what the agent should do next")
     if background and model:

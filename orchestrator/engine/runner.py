@@ -233,6 +233,10 @@ class Runner:
         live.notifications.append(text)
         return True
 
+    def progress(self, run_id: str, state: dict[str, Any]) -> None:
+        """A driver's state, replacing the last (``RunRecord.progress``)."""
+        self.store.patch_run(run_id, progress=state)
+
     def event(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         """An event in a run's stream (for drivers: they never write the store)."""
         self.store.add_event(run_id, kind, data)

@@ -163,16 +163,6 @@ def _team(kind: str, data: dict[str, Any]) -> str:
     if kind == "team_decision":
         state = "approved" if data.get("approved") else "not approved"
         return f"{n}: {state}, candidate {data.get('chosen')}, {data.get('approvals')} approval(s)"
-    if kind == "team_progress":
-        branch = as_text(data.get("branch")) if data.get("branch") else "no branch yet"
-        gates, reviews = data.get("gates"), data.get("reviews")
-        gates = gates if isinstance(gates, list) else []
-        reviews = reviews if isinstance(reviews, list) else []
-        status = as_text(data.get("status"))
-        return (
-            f"round {data.get('rounds')} of {data.get('max_rounds')} · {status}"
-            f" · {len(gates)} gate run(s) · {len(reviews)} review round(s) · {branch}"
-        )
     return json.dumps(data, ensure_ascii=False, default=str)
 
 

@@ -47,9 +47,10 @@ from ..workspaces.registry import tier_config
 from ..workspaces.shared import SharedConfig
 from . import gate as gates
 from . import review
+from .gate import trim
 from .plan import TeamPlan, check_plan
-from .progress import PROGRESS, Candidate, ReviewRound, TeamResult, read_result
-from .steps import Crew, shown_candidate
+from .progress import Candidate, ReviewRound, TeamResult, read_result
+from .steps import Crew, shown_candidate, together
 from .summary import summary
 
 KIND = "team"  # the driver's name in ``RunSpec.driver``
@@ -58,13 +59,14 @@ KIND = "team"  # the driver's name in ``RunSpec.driver``
 async def base_commit(workdir: Path) -> tuple[RepoPaths, str]:
     """The repository around ``workdir`` and its HEAD (UsageError: none, or no commits)."""
     try:
-        repo = (await discover(workdir)).main()
+        located = await discover(workdir)  # a linked worktree: its own HEAD is the base
+        repo = located.main()
     except UsageError:
         raise UsageError(
             f"orch team needs a git repository: {workdir} is not inside one; "
             "run `git init` and make a first commit"
         ) from None
-    head = await rev("HEAD", repo)
+    head = await rev("HEAD", located)
     if head is None:
         raise UsageError(
             f"the git repository at {repo.main_root} has no commits yet; make a first commit, "
@@ -156,6 +158,9 @@ class TeamDriver:
                 "error": None,
             }
         )
+        for c in result.candidates:  # a writer that failed (or was stopped) goes on
+            if c.state == "failed" and (result.chosen is None or c.number == result.chosen):
+                c.state, c.error = "writing", None
         if result.completed >= result.max_rounds:  # it used its rounds: as many again
             result.max_rounds = result.completed + plan.rounds
         return result
@@ -178,7 +183,7 @@ class TeamDriver:
         for n in range(res.completed + 1, res.max_rounds + 1):
             res.rounds = n
             active = self._active()
-            await asyncio.gather(*(self._write(n, c) for c in active if c.written < n))
+            await together(*(self._write(n, c) for c in active if c.written < n))
             await self._diffstat()
             self._save()
             live = [c for c in active if c.state != "failed"]
@@ -187,7 +192,7 @@ class TeamDriver:
             if not live:
                 why = "; ".join(f"candidate {c.number}: the {c.error}" for c in active)
                 raise OrchError(f"round {n}: no writer left work to go on with ({why})")
-            await asyncio.gather(*(self._gate(n, c) for c in live))
+            await together(*(self._gate(n, c) for c in live))
             self._save()
             passed = [c for c in live if c.state == "passed"]
             if passed:
@@ -218,14 +223,15 @@ class TeamDriver:
             "model": plan.models.writer,
         }
         message = c.feedback or "Go on with the task; your work so far is on your branch."
-        if c.writer_run is None:
+        kept = c.writer_run is not None and self.runner.store.transcript(c.writer_run) is not None
+        if c.writer_run is None or (c.branch is None and not kept):
             spec = RunSpec(
                 prompt=res.task,
                 agent=plan.writer,
                 workspace=tier_config(plan.isolation),
                 **common,
             )
-        elif self.runner.store.transcript(c.writer_run) is not None:
+        elif kept:
             spec = RunSpec(prompt=message, resume=c.writer_run, **common)
         else:  # its conversation was not kept: a new writer on the same branch
             assert c.branch is not None
@@ -263,6 +269,7 @@ class TeamDriver:
             return
         assert c.branch is not None and c.commit is not None
         result = await self.crew.gate(n, c.number, c.branch, c.commit, self._what(n, "gate", c))
+        trim(self.result.gates, c.number)
         self.result.gates.append(result)
         if result.passed:
             c.state = "passed"
@@ -280,7 +287,12 @@ class TeamDriver:
                 await shown_candidate(self.repo, res.base, c.number, c.branch, c.commit, gate)
             )
         numbers = [c.number for c in passed]
-        earlier = {note.reviewer: note.verdict for r in res.reviews[-1:] for note in r.notes}
+        earlier = {  # what each reviewer asked of the candidate that went on
+            note.reviewer: note.verdict
+            for r in res.reviews[-1:]
+            for note in r.notes
+            if note.verdict.choice == r.chosen
+        }
         notes = await self.crew.reviews(n, res.task, res.base, shown, res.max_rounds, earlier)
         chosen, approvals, approved = review.decide([x.verdict for x in notes], self.plan.approve)
         decided = ReviewRound(
@@ -296,8 +308,9 @@ class TeamDriver:
         for c in res.candidates:
             if c.number == chosen:
                 c.state = "chosen"
-                if not approved:
-                    c.feedback = review.for_writer(n, [(x.reviewer, x.verdict) for x in notes])
+                if not approved:  # the comments on it (another candidate's are not its)
+                    mine = [(x.reviewer, x.verdict) for x in notes if x.verdict.choice == chosen]
+                    c.feedback = review.for_writer(n, mine)
             elif c.state not in ("failed", "gate_failed"):
                 c.state = "kept"
         self.runner.event(
@@ -336,7 +349,7 @@ class TeamDriver:
         lead = self._lead()
         self.result.branch = lead.branch if lead else None
         self.result.commit = lead.commit if lead else None
-        self.runner.event(self.root.run_id, PROGRESS, self.result.model_dump(mode="json"))
+        self.runner.progress(self.root.run_id, self.result.model_dump(mode="json"))
 
     async def _diffstat(self) -> None:
         """The reported candidate's diff stats against the base."""

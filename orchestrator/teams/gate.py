@@ -11,6 +11,7 @@ non-zero, or runs past ``gate_timeout``, fails the gate.
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Any
 
@@ -49,6 +50,31 @@ class GateResult(BaseModel):
         return f"gate {state} in {self.seconds:.1f}s: {self.command}"
 
 
+KEPT_BYTES = 200_000  # of a gate's output, its end, whatever its length
+
+
+def wrapped(command: str, timeout_s: float) -> str:
+    """The gate's command in a shell of its own (its ``exit`` is its own) under ``timeout``
+    when the sandbox has one (so a gate past its time still shows what it printed), its
+    output kept to its last KEPT_BYTES (the runtime keeps a command's first megabyte)."""
+    inner, limit = shlex.quote(command), f"{timeout_s:.3f}"
+    return (
+        'f=$(mktemp 2>/dev/null || echo "${TMPDIR:-/tmp}/orch-gate.$$"); '
+        f"if command -v timeout >/dev/null 2>&1; then timeout -k 5 {limit} sh -c {inner}; "
+        f'else sh -c {inner}; fi >"$f" 2>&1; rc=$?; n=$(wc -c <"$f"); '
+        f'if [ "$n" -gt {KEPT_BYTES} ]; then echo "[$n bytes of output; its end:]"; fi; '
+        f'tail -c {KEPT_BYTES} "$f"; rm -f "$f"; exit $rc'
+    )
+
+
+def trim(results: list[GateResult], candidate: int) -> None:
+    """An earlier gate's output is its writer's past: keep a few lines of it (the last
+    result of each candidate stays whole), so a team's record stays small."""
+    for g in results:
+        if g.candidate == candidate and len(g.output) > 500:
+            g.output = tail(g.output, 500)
+
+
 def tail(text: str, limit: int = OUTPUT_KEPT) -> str:
     """The end of ``text``, at most ``limit`` characters, saying what was cut."""
     if len(text) <= limit:
@@ -73,14 +99,20 @@ class GateDriver:
 
     async def drive(self, run: Driven) -> LoopOutcome:
         started = time.monotonic()
-        result = await run.runtime.exec(self.command, timeout_s=self.timeout_s, env=run.env)
+        result = await run.runtime.exec(
+            wrapped(self.command, self.timeout_s), timeout_s=self.timeout_s + 15, env=run.env
+        )
         seconds = round(time.monotonic() - started, 3)
-        passed = result.exit_code == 0 and not result.timed_out
+        # timeout(1) ends a command past its time with 124 (137 when it had to kill it)
+        timed_out = result.timed_out or (
+            result.exit_code in (124, 137) and seconds >= self.timeout_s
+        )
+        passed = result.exit_code == 0 and not timed_out
         facts: dict[str, Any] = {
             "kind": "gate",
             "command": self.command,
             "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
+            "timed_out": timed_out,
             "seconds": seconds,
             "passed": passed,
         }
@@ -88,11 +120,7 @@ class GateDriver:
         text = tail(result.output)
         if passed:
             return LoopOutcome(RunStatus.SUCCEEDED, text, None, [facts])
-        why = (
-            f"timed out after {self.timeout_s:g}s"
-            if result.timed_out
-            else f"exit {result.exit_code}"
-        )
+        why = f"timed out after {self.timeout_s:g}s" if timed_out else f"exit {result.exit_code}"
         return LoopOutcome(RunStatus.FAILED, text, f"gate {why}: {self.command}", [facts])
 
 
@@ -122,7 +150,7 @@ def gate_result(
         exit_code=facts.get("exit_code"),
         timed_out=bool(facts.get("timed_out")),
         seconds=float(facts.get("seconds") or 0.0),
-        output=tail(record.output or ""),
+        output=record.output or "",  # cut once, by the gate run (``tail``)
     )
 
 

@@ -15,7 +15,7 @@ their recipient. The team ends when the lead has ended and no task can move; it 
 when every task is merged, and then merged into the user's HEAD with ``merge``.
 
 Every board change is an event of the root, and after each the whole result is too
-(``team_progress``): ``orch team board``, ``orch team messages`` and ``orch team status``
+(``RunRecord.progress``): ``orch team board``, ``orch team messages`` and ``orch team status``
 read them, and ``orch resume`` continues from them: merged tasks stay merged, claimed or
 unchecked ones are ready again.
 """
@@ -38,9 +38,10 @@ from . import gate as gates
 from . import review
 from .board import Board, BoardState, BoardTask, Role
 from .driver import TeamDriver, base_commit
+from .gate import trim
 from .integrate import Conflict, delete_if_unused, ensure_branch, merge_onto
 from .plan import TeamPlan
-from .progress import PROGRESS, TeamResult, read_result
+from .progress import TeamResult, read_result
 from .steps import Crew, shown_candidate
 from .summary import summary
 
@@ -172,7 +173,7 @@ class LeadDriver(TeamDriver):
         self._save()
 
     def _save(self) -> None:
-        self.runner.event(self.root.run_id, PROGRESS, self.result.model_dump(mode="json"))
+        self.runner.progress(self.root.run_id, self.result.model_dump(mode="json"))
 
     async def _diffstat(self) -> None:
         """The integration branch's tip and its diff stats against the base."""
@@ -327,6 +328,7 @@ class LeadDriver(TeamDriver):
         gate = None
         if plan.gate is not None:
             gate = await self.crew.gate(n, number, branch, commit, f"{task.id} gate")
+            trim(res.gates, number)
             res.gates.append(gate)
             self._save()
             if not gate.passed:

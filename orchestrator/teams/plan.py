@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from ..catalog.definitions import Catalog
 from ..errors import UsageError
-from ..fs.safefs import Beneath, UnsafePath
+from ..fs.safefs import Beneath, TooManyEntries, UnsafePath
 from ..tools.base import ToolRegistry
 from ..workspaces.registry import BRANCH_TIERS, rank
 
@@ -28,7 +28,7 @@ TEAMS_DIR = ".orch/teams"
 MAX_FILE_BYTES = 64 * 1024
 MAX_WRITERS = 8
 MAX_REVIEWERS = 8
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole names only (fullmatch)
 
 Approve = Literal["all", "majority", "any"]
 MergeMode = Literal["none", "merge", "squash"]
@@ -96,6 +96,8 @@ def parse_team(text: str, where: str) -> TeamFile:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{where}: not TOML ({e}); fix the file") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to be a team file; fix the file") from None
     try:
         return TeamFile.model_validate(data)
     except ValidationError as e:
@@ -111,13 +113,17 @@ def team_names(root: Path) -> list[str]:
             found = list(fs.walk(TEAMS_DIR, max_entries=1000))
     except (OSError, UnsafePath):
         return []
+    except TooManyEntries:
+        raise UsageError(
+            f"{TEAMS_DIR} holds over 1,000 entries; keep only team files (NAME.toml) there"
+        ) from None
     names = [Path(p).stem for p in found if p.count("/") == 2 and p.endswith(".toml")]
-    return sorted(n for n in names if _NAME.match(n))
+    return sorted(n for n in names if _NAME.fullmatch(n))
 
 
 def load_team(root: Path, name: str) -> TeamFile:
     """The team file ``root/.orch/teams/NAME.toml``, read beneath ``root`` and validated."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise UsageError(
             f"{name!r} is not a team name (letters, digits, '.', '_' and '-'); see `orch team list`"
         )
@@ -181,6 +187,8 @@ def check_plan(plan: TeamPlan, catalog: Catalog, tools: ToolRegistry) -> None:
                 )
     if plan.gate is not None and not plan.gate.strip():
         raise UsageError(f"{who}: gate is empty; give a command, or leave gate out")
+    if plan.gate is not None and "\x00" in plan.gate:
+        raise UsageError(f"{who}: gate holds a NUL character, which no command can; remove it")
 
 
 def check_file_models(file: TeamFile, where: str, *, trusted: bool) -> None:

@@ -2,8 +2,8 @@
 
 :class:`TeamResult` is at once what ``orch team run --json`` prints, what ``orch team status``
 shows and what ``orch resume`` continues from: the team's driver writes it whole into its
-root run's events (``team_progress``) after every step, so another process (a terminal
-watching a background team, a resume after a cancel) reads it from the store
+root run's record (``RunRecord.progress``, replaced) after every step, so another process
+(a terminal watching a background team, a resume after a cancel) reads it from the store
 (:func:`read_result`) without the driver.
 """
 
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, ValidationError, computed_field
 
+from ..errors import OrchError
 from ..run import RunRecord, RunStatus
 from ..store import RunStore
 from .board import BoardState
 from .gate import GateResult
 from .plan import TeamPlan
 from .review import Verdict
-
-PROGRESS = "team_progress"  # the event holding the whole TeamResult
 
 
 class TeamRun(BaseModel):
@@ -110,14 +109,16 @@ class TeamResult(BaseModel):
 
 def read_result(store: RunStore, root: RunRecord) -> TeamResult | None:
     """A team root's last progress (None: not a team, or it never started), with the
-    root's own ending laid over it once it has ended."""
-    last = None
-    for event in store.events(root.run_id):
-        if event["kind"] == PROGRESS:
-            last = event["data"]
-    if last is None:
+    root's own ending laid over it once it has ended; OrchError when it cannot be read."""
+    if root.progress is None:
         return None
-    result = TeamResult.model_validate(last)
+    try:
+        result = TeamResult.model_validate(root.progress)
+    except ValidationError:
+        raise OrchError(
+            f"the progress of team run {root.run_id} cannot be read (another orch's, or "
+            "damaged); `orch logs` still shows its events"
+        ) from None
     if root.status.ended:
         result.status = root.status
         if root.status != RunStatus.SUCCEEDED and result.error is None:

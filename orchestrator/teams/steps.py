@@ -11,9 +11,10 @@ writer's tier, reviewers in parallel, each in a throwaway checkout, answering a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..engine.runner import Runner
 from ..errors import OrchError
@@ -26,8 +27,22 @@ from . import review
 from .plan import TeamPlan
 from .progress import ReviewNote, TeamRun
 
+T = TypeVar("T")
 Role = Literal["writer", "gate", "reviewer", "lead", "teammate"]
 Shown = tuple[int, str, str, str]  # (candidate, branch, commit, its diff and gate text)
+
+
+async def together(*steps: Awaitable[T]) -> list[T]:
+    """Every step at once; when one fails, the others are cancelled (and waited for)
+    before its error goes on: no member run outlives a team that has ended."""
+    jobs = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return list(await asyncio.gather(*jobs))
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        raise
 
 
 def reviewer_tags(reviewers: list[str]) -> list[str]:
@@ -110,13 +125,12 @@ class Crew:
     ) -> list[ReviewNote]:
         """Every reviewer's verdict on the candidates ``shown`` (in parallel)."""
         numbers = [s[0] for s in shown]
-        notes = await asyncio.gather(
+        return await together(
             *(
                 self._reviewer(n, agent, tag, task, base, shown, numbers, rounds, earlier.get(tag))
                 for agent, tag in zip(self.plan.reviewers, self.tags, strict=True)
             )
         )
-        return list(notes)
 
     async def _reviewer(
         self,

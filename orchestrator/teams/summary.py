@@ -5,6 +5,11 @@ from __future__ import annotations
 from .progress import TeamResult
 
 
+def flat(text: object) -> str:
+    """Model text on one line: a newline in a verdict never makes a line of the summary."""
+    return " ".join(str(text).split())
+
+
 def summary(res: TeamResult) -> str:
     """Plain lines (the CLI escapes them when it draws them)."""
     plan = res.plan
@@ -33,7 +38,7 @@ def summary(res: TeamResult) -> str:
         lines.append(f"lead {plan.lead}, {plan.teammates} teammate(s); the board:")
         for t in res.board.tasks:
             who = f" [{t.owner}]" if t.owner else ""
-            lines.append(f"  {t.id} {t.state}{who}: {t.title}")
+            lines.append(f"  {t.id} {t.state}{who}: {flat(t.title)}")
     for g in res.gates:
         which = f" candidate {g.candidate}" if plan.writers > 1 else ""
         lines.append(f"round {g.round}{which}: {g.headline()}")
@@ -45,15 +50,16 @@ def summary(res: TeamResult) -> str:
         for note in r.notes:
             v = note.verdict
             picked = f" (candidate {v.choice})" if len(r.candidates) > 1 else ""
-            lines.append(f"  [{note.reviewer}] {v.verdict}{picked}: {v.summary}")
-            lines += [f"    - {c.path}:{c.line}: {c.comment}" for c in v.comments]
+            lines.append(f"  [{note.reviewer}] {v.verdict}{picked}: {flat(v.summary)}")
+            lines += [f"    - {flat(c.path)}:{c.line}: {flat(c.comment)}" for c in v.comments]
     for c in res.kept():
-        why = f" ({c.error})" if c.state == "failed" and c.error else f" ({c.state})"
+        why = f" ({flat(c.error)})" if c.state == "failed" and c.error else f" ({c.state})"
         lines.append(f"kept candidate {c.number}: {c.branch}{why}")
     if res.merged:
         lines.append(f"merged into your HEAD at {(res.merge_commit or '')[:12]}")
     if res.approved:
         lines.append("approved")
     if res.error:
-        lines.append(f"error: {res.error}" if res.approved else f"not approved: {res.error}")
+        error = flat(res.error)
+        lines.append(f"error: {error}" if res.approved else f"not approved: {error}")
     return "\n".join(lines)
