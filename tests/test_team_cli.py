@@ -105,3 +105,7 @@ def test_flags_override_the_file_and_every_reviewer_counts(repo: Path) -> None:
     assert code == 2 and "reads a file on this machine" in err  # the file is checked itself
     code, _, err = cli(repo, "team", "status", "r-nothere")
     assert code == 2 and err.count("\n") == 1
+    code, _, err = cli(repo, "team", "run", "x", "--lead", "--lead-agent", "nobody")
+    assert code == 2 and "lead 'nobody' is not an agent" in err
+    code, _, err = cli(repo, "team", "run", "x", "--lead", "--writers", "2")
+    assert code == 2 and "a lead team has teammates, not best-of-N writers" in err

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from orchestrator.catalog.definitions import load_catalog
+from orchestrator.cli.main import app
 from orchestrator.config import Settings
 from orchestrator.models import ModelProvider
 from orchestrator.process.rebuild import assemble
@@ -164,6 +166,50 @@ def test_a_lead_team_claims_messages_gates_and_merges_every_task(
     lead = next(k for k in kids if k.agent == "planner")
     assert {"board_add", "board_wait"} <= set(lead.allowed_tools)
     assert "board_claim" not in lead.allowed_tools and "board_add" not in mates[0].allowed_tools
+
+    # what another terminal sees
+    runner = CliRunner()
+    shown = runner.invoke(app, ["team", "board", result.root_run_id, "--json", "-C", str(repo)])
+    assert shown.exit_code == 0, shown.stderr
+    assert [(t["id"], t["state"]) for t in json.loads(shown.stdout)] == [
+        ("t1", "done"), ("t2", "done"), ("t3", "done")
+    ]  # fmt: skip
+    said = runner.invoke(app, ["team", "messages", result.root_run_id, "-C", str(repo)])
+    assert said.exit_code == 0 and f"#1 {sent.sender} -> {sent.to}: {sent.text}" in said.stdout
+    plain = runner.invoke(app, ["team", "board", result.root_run_id, "--follow", "-C", str(repo)])
+    assert plain.exit_code == 0 and "t3 done" in plain.stdout and "(after t1)" in plain.stdout
+    other = runner.invoke(app, ["team", "board", lead.run_id, "-C", str(repo)])
+    assert other.exit_code == 2 and "not a lead team's run" in other.stderr
+
+
+def test_cancel_stops_every_member_of_a_lead_team(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold = threading.Event()
+    api = LeadAPI(hold=hold)
+    cfg = Settings(model="sonnet")
+    provider = ModelProvider(cfg, None)
+    store = open_store(repo, None)
+    runner = assemble(cfg, store, load_catalog(repo), provider, Launch())
+    plan = make_plan(None, "crew", lead="planner", teammates=2, gate=GATE)
+
+    async def scene() -> TeamResult:
+        async with provider:
+            job = asyncio.create_task(run_team(runner, prompt=GOAL, workdir=repo, plan=plan))
+            assert await asyncio.to_thread(api.doc_started.wait, 180), "doc never started"
+            root = next(r for r in store.list_runs() if r.agent == "team")
+            store.request_cancel([root.run_id, *(r.run_id for r in store.descendants(root.run_id))])
+            return await asyncio.wait_for(job, 60)
+
+    try:
+        with served(api, monkeypatch):
+            result = asyncio.run(asyncio.wait_for(scene(), 240))
+    finally:
+        hold.set()
+    assert result.status == RunStatus.CANCELLED and not result.approved
+    kids = store.descendants(result.root_run_id)
+    assert kids and all(k.status.ended for k in kids), [(k.agent, k.status) for k in kids]
+    assert {k.status for k in kids if k.agent in ("planner", "writer")} >= {RunStatus.CANCELLED}
 
 
 def test_a_crashed_lead_team_resumes_from_its_board(

@@ -171,8 +171,10 @@ class Execution:
                         # Background children end before the workspace closes, so what
                         # they wrote is in the commit of a worktree, not lost after it.
                         await asyncio.shield(spawner.close())
+                        # its description now (a team's teammate says which task it did)
+                        now_said = (store.get_run(record.run_id) or record).description
                         ws.set_outcome(
-                            RunOutcome(status=outcome.status.value, description=record.description)
+                            RunOutcome(status=outcome.status.value, description=now_said)
                         )
         except asyncio.CancelledError:
             cancelled = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")

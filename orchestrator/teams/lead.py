@@ -336,7 +336,7 @@ class LeadDriver(TeamDriver):
                 return
         what = f"{task.title}\n{task.detail}".strip()
         shown = [await shown_candidate(self.repo, start, number, branch, commit, gate)]
-        notes = await self.crew.reviews(n, what, start, shown, plan.rounds, {})
+        notes = await self.crew.reviews(n, what, start, shown, plan.rounds, {}, task.id)
         _, approvals, approved = review.decide([x.verdict for x in notes], plan.approve)
         self.crew.event(
             "team_decision",

@@ -122,12 +122,17 @@ class Crew:
         shown: list[Shown],
         rounds: int,
         earlier: dict[str, review.Verdict],
+        label: str = "",
     ) -> list[ReviewNote]:
-        """Every reviewer's verdict on the candidates ``shown`` (in parallel)."""
+        """Every reviewer's verdict on the candidates ``shown`` (in parallel); ``label``:
+        what their runs are called (default: the round)."""
+        label = label or f"team round {n}"
         numbers = [s[0] for s in shown]
         return await together(
             *(
-                self._reviewer(n, agent, tag, task, base, shown, numbers, rounds, earlier.get(tag))
+                self._reviewer(
+                    n, agent, tag, task, base, shown, numbers, rounds, earlier.get(tag), label
+                )
                 for agent, tag in zip(self.plan.reviewers, self.tags, strict=True)
             )
         )
@@ -143,6 +148,7 @@ class Crew:
         numbers: list[int],
         rounds: int,
         previous: review.Verdict | None,
+        label: str,
     ) -> ReviewNote:
         first = review.reviewer_prompt(task, shown, base, n, rounds, previous)
         checkout = shown[0][1]  # the first candidate is checked out, in the writer's tier
@@ -154,7 +160,7 @@ class Crew:
             spec = RunSpec(
                 prompt=prompt,
                 agent=agent,
-                description=f"team round {n}: review by {tag}" + (" (again)" * (attempt - 1)),
+                description=f"{label}: review by {tag}" + (" (again)" * (attempt - 1)),
                 model=self.plan.models.reviewers,
                 parent_run_id=self.root.run_id,
                 workdir=self.workdir,

@@ -17,10 +17,8 @@ def summary(res: TeamResult) -> str:
     writers = f"{plan.writers} x {plan.writer}" if plan.writers > 1 else plan.writer
     if plan.lead is not None:
         writers = f"lead {plan.lead} + {plan.teammates} x {plan.writer}"
-    lines = [
-        f"{plan.title}: {writers} + {reviewers} (approve: {plan.approve}), "
-        f"round {res.rounds} of {res.max_rounds}"
-    ]
+    where = "" if plan.lead is not None else f", round {res.rounds} of {res.max_rounds}"
+    lines = [f"{plan.title}: {writers} + {reviewers} (approve: {plan.approve}){where}"]
     if res.resumed_from:
         lines.append(f"continues team run {res.resumed_from}")
     if res.branch:
@@ -40,6 +38,10 @@ def summary(res: TeamResult) -> str:
             who = f" [{t.owner}]" if t.owner else ""
             lines.append(f"  {t.id} {t.state}{who}: {flat(t.title)}")
     for g in res.gates:
+        if plan.lead is not None:  # a task's gate: its number, its attempt
+            again = f" (attempt {g.round})" if g.round > 1 else ""
+            lines.append(f"t{g.candidate}{again}: {g.headline()}")
+            continue
         which = f" candidate {g.candidate}" if plan.writers > 1 else ""
         lines.append(f"round {g.round}{which}: {g.headline()}")
     for r in res.reviews:
