@@ -82,8 +82,8 @@ def served(api: LeadAPI, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
         yield running
 
 
-def lead_team_here(repo: Path) -> TeamResult:
-    cfg = Settings(model="sonnet")
+def lead_team_here(repo: Path, **settings: Any) -> TeamResult:
+    cfg = Settings(model="sonnet", **settings)
     provider = ModelProvider(cfg, None)
     runner = assemble(cfg, open_store(repo, None), load_catalog(repo), provider, Launch())
     plan = make_plan(None, "crew", lead="planner", teammates=2, gate=GATE, gate_timeout=60)
@@ -258,3 +258,15 @@ def test_a_crashed_lead_team_resumes_from_its_board(
     while git(repo, "worktree", "list", "--porcelain").count("worktree ") != 1:
         assert time.monotonic() < deadline, "worktrees left behind"
         time.sleep(0.5)
+
+
+def test_the_chains_budget_bounds_the_whole_team(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with served(LeadAPI(), monkeypatch):
+        result = lead_team_here(repo, max_chain_runs=4)
+    assert not result.approved and result.error is not None
+    assert "max_chain_runs (4) is used up" in result.error
+    store = open_store(repo, None)
+    assert len([result.root_run_id, *store.descendants(result.root_run_id)]) <= 4
+    assert all(k.status.ended for k in store.descendants(result.root_run_id))
