@@ -78,6 +78,8 @@ async def base_commit(workdir: Path) -> tuple[RepoPaths, str]:
 class TeamDriver:
     """The body of a team's root run: its rounds, then the outcome the runner records."""
 
+    done_phrase = "approved"  # what the team had done when its merge failed
+
     def __init__(self, runner: Runner, plan: TeamPlan) -> None:
         check_plan(plan, runner.catalog, runner.tools)
         self.plan = plan
@@ -108,12 +110,8 @@ class TeamDriver:
             self.writer_network,
             runs=self.result.runs,
         )
-        note = self._note()
         try:
-            if note:
-                for c in self._active():
-                    c.feedback = f"{c.feedback or ''}\n\nA note from the user: {note}\n".lstrip()
-            await self._rounds()
+            await self._work()
             if self.result.approved and self.plan.merge != "none":
                 await self._merge()
         except OrchError as e:
@@ -130,6 +128,13 @@ class TeamDriver:
         await self._diffstat()
         self._save()
         return self._outcome()
+
+    async def _work(self) -> None:
+        """The team's work, until it is approved or cannot be (OrchError says why)."""
+        if note := self._note():
+            for c in self._active():
+                c.feedback = f"{c.feedback or ''}\n\nA note from the user: {note}\n".lstrip()
+        await self._rounds()
 
     def _start(self, base: str) -> TeamResult:
         """A new team's result, or the one a resumed team continues."""
@@ -332,7 +337,7 @@ class TeamDriver:
                 allow_control_files=self.plan.allow_control_files,
             )
         except OrchError as e:
-            raise OrchError(f"approved, but merging {branch} failed: {e}") from None
+            raise OrchError(f"{self.done_phrase}, but merging {branch} failed: {e}") from None
         self.result.merged = True
         self.result.merge_commit = report.commit
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ..branches import merge as merge_branch
-from ..engine.agent import LoopOutcome
-from ..engine.runner import Driven, Runner
+from ..engine.runner import Runner
 from ..errors import OrchError
 from ..project.repo import diff_stats, rev, short_run_id
 from ..run import RunRecord, RunStatus
@@ -37,13 +35,12 @@ from ..workspaces.registry import tier_config
 from . import gate as gates
 from . import review
 from .board import Board, BoardState, BoardTask, Role
-from .driver import TeamDriver, base_commit
+from .driver import TeamDriver
 from .gate import trim
 from .integrate import Conflict, delete_if_unused, ensure_branch, merge_onto
 from .plan import TeamPlan
 from .progress import TeamResult, read_result
-from .steps import Crew, shown_candidate
-from .summary import summary
+from .steps import shown_candidate
 
 POLL_S = 5.0  # the scheduler looks again at least this often
 LEAD_PROMPT = """You lead a team of {count} teammate(s) ({names}) on this goal:
@@ -89,20 +86,9 @@ class LeadDriver(TeamDriver):
         # again only once the board has changed since (no run after run for nothing)
         self.idle: dict[str, int] = {}
 
-    async def drive(self, run: Driven) -> LoopOutcome:
-        self.root, self.runner = run.record, run.runner
-        self.workdir = run.record.planned().spec.workdir
-        self.repo, base = await base_commit(self.workdir)
-        self.result = self._begin(base)
-        self.crew = Crew(
-            self.runner,
-            self.root,
-            self.workdir,
-            self.repo,
-            self.plan,
-            self.writer_network,
-            runs=self.result.runs,
-        )
+    done_phrase = "every task merged"
+
+    async def _work(self) -> None:
         state = self.result.board or BoardState()
         self.result.board = state
         self.board = Board(
@@ -116,37 +102,19 @@ class LeadDriver(TeamDriver):
             if task.state in ("claimed", "checking"):
                 task.state, task.owner, task.run_id = "ready", None, None
                 task.notes.append("the team run was interrupted; ready again")
-        try:
-            assert self.result.branch is not None
-            await ensure_branch(self.repo, self.result.branch, base)
-            await self._run()
-            self.result.approved = self.board.settled() and all(
-                t.state == "done" for t in state.tasks
+        assert self.result.branch is not None
+        await ensure_branch(self.repo, self.result.branch, self.result.base)
+        await self._run()
+        self.result.approved = self.board.settled() and all(t.state == "done" for t in state.tasks)
+        if not self.result.approved:
+            failed = [t.id for t in state.tasks if t.state != "done"]
+            raise OrchError(
+                "not every task was merged ("
+                + (", ".join(failed) or "the lead added no task")
+                + f"); the work so far is on {self.result.branch}"
             )
-            if not self.result.approved:
-                failed = [t.id for t in state.tasks if t.state != "done"]
-                raise OrchError(
-                    "not every task was merged ("
-                    + (", ".join(failed) or "the lead added no task")
-                    + f"); the work so far is on {self.result.branch}"
-                )
-            if self.plan.merge != "none":
-                await self._merge()
-        except OrchError as e:
-            self.result.error = str(e)
-        except asyncio.CancelledError:
-            self.result.status, self.result.error = RunStatus.CANCELLED, "cancelled"
-            self._save()
-            raise
-        except Exception as e:  # a bug must end the team as failed, not leave it running
-            self.result.error = f"{type(e).__name__}: {e}".strip()
-        ok = self.result.approved and self.result.error is None
-        self.result.status = RunStatus.SUCCEEDED if ok else RunStatus.FAILED
-        await self._diffstat()
-        self._save()
-        return LoopOutcome(self.result.status, summary(self.result), self.result.error, [])
 
-    def _begin(self, base: str) -> TeamResult:
+    def _start(self, base: str) -> TeamResult:
         rec = self.root
         if rec.resumed_from is None:
             return TeamResult(
@@ -352,19 +320,3 @@ class LeadDriver(TeamDriver):
             self._back(task, f"{e}; claim it again: you start from the new integration tip")
             return
         self.board.finish(task, merged)
-
-    async def _merge(self) -> None:
-        branch = self.result.branch
-        assert branch is not None
-        try:
-            report = await asyncio.to_thread(
-                merge_branch,
-                self.workdir,
-                branch,
-                squash=self.plan.merge == "squash",
-                allow_control_files=self.plan.allow_control_files,
-            )
-        except OrchError as e:
-            raise OrchError(f"every task merged, but merging {branch} failed: {e}") from None
-        self.result.merged = True
-        self.result.merge_commit = report.commit
