@@ -135,3 +135,12 @@ def serve(api: FakeAPI) -> Iterator[FakeAPI]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@contextmanager
+def served(responder: Responder, monkeypatch: Any) -> Iterator[FakeAPI]:
+    """The fake API on loopback, named by the environment (a child process's too)."""
+    with serve(FakeAPI(responder)) as running:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", running.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-fake")
+        yield running

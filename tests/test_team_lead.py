@@ -5,7 +5,6 @@ merges onto the integration branch, and a crash resumed from the board."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ from orchestrator.store import open_store
 from orchestrator.teams.driver import run_team
 from orchestrator.teams.plan import make_plan
 from orchestrator.teams.progress import TeamResult, read_result
-from tests.fakeapi import FakeAPI, serve
+from tests.fakeapi import served
 from tests.leadapi import GATE, LeadAPI
 from tests.support import init_repo
 from tests.teamapi import agent_of, text_of
@@ -72,14 +70,6 @@ def repo(tmp_path: Path) -> Path:
             ".orch/teams/crew.toml": TEAM,
         },
     )
-
-
-@contextlib.contextmanager
-def served(api: LeadAPI, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
-    with serve(FakeAPI(api)) as running:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", running.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-fake")
-        yield running
 
 
 def lead_team_here(repo: Path, **settings: Any) -> TeamResult:

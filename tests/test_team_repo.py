@@ -4,14 +4,12 @@ the gate in the writer's sandbox, several reviewers, best of N, cancel and resum
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from orchestrator.store import open_store
 from orchestrator.teams.driver import run_team
 from orchestrator.teams.plan import TeamPlan, make_plan
 from orchestrator.teams.progress import TeamResult
-from tests.fakeapi import FakeAPI, serve
+from tests.fakeapi import FakeAPI, served
 from tests.support import init_repo, sandbox_image
 from tests.teamapi import BUGGY, FIXED, GATE, TeamAPI, agent_of, text_of, verdict
 
@@ -74,15 +72,6 @@ def repo(tmp_path: Path) -> Path:
             "orch.toml": '[[hooks.SubagentStop]]\ncommand = "exit 0"\n',
         },
     )
-
-
-@contextlib.contextmanager
-def served(api: TeamAPI, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
-    """The fake Messages API on loopback, named by the environment (also a child's)."""
-    with serve(FakeAPI(api)) as running:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", running.base_url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-fake")
-        yield running
 
 
 def orch(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

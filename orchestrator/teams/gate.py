@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from ..catalog.definitions import AgentDefinition
 from ..engine.agent import LoopOutcome
 from ..engine.runner import Driven
-from ..run import RunStatus
+from ..run import RunRecord, RunStatus
 
 OUTPUT_KEPT = 6_000  # characters of a gate's output kept (the end, where failures show)
 GRACE_S = 30.0  # the gate run's own timeout beyond the command's (its checkout, its close)
@@ -125,27 +125,18 @@ class GateDriver:
 
 
 def gate_result(
-    record: Any, round_no: int, candidate: int, commit: str, command: str
+    record: RunRecord, round_no: int, candidate: int, commit: str, command: str
 ) -> GateResult:
-    """What a finished gate run (its ``RunRecord``) says."""
+    """What a finished gate run says."""
     facts = next((a for a in record.artifacts if a.get("kind") == "gate"), None)
+    where = {"round": round_no, "candidate": candidate, "run_id": record.run_id}
+    where |= {"commit": commit, "command": command}
     if facts is None:  # the run failed before the command ran (its checkout, a limit)
-        return GateResult(
-            round=round_no,
-            candidate=candidate,
-            run_id=record.run_id,
-            commit=commit,
-            command=command,
-            passed=False,
-            timed_out=record.status == RunStatus.TIMED_OUT,
-            error=record.error or record.status.value,
-        )
+        timed_out = record.status == RunStatus.TIMED_OUT
+        why = record.error or record.status.value
+        return GateResult(**where, passed=False, timed_out=timed_out, error=why)
     return GateResult(
-        round=round_no,
-        candidate=candidate,
-        run_id=record.run_id,
-        commit=commit,
-        command=command,
+        **where,
         passed=bool(facts.get("passed")) and record.status == RunStatus.SUCCEEDED,
         exit_code=facts.get("exit_code"),
         timed_out=bool(facts.get("timed_out")),
