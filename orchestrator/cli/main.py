@@ -82,6 +82,9 @@ def _register_subapps() -> None:
     from .mcp import register as register_mcp
 
     register_mcp(app)
+    from .dashboard import register as register_dashboard
+
+    register_dashboard(app)
 
 
 def is_git_repo(path: Path) -> bool:

@@ -1,0 +1,131 @@
+"""Who may use the dashboard: the holder of its token, from this machine, by its own pages.
+
+The dashboard answers only on loopback, and only to a request that
+
+- names it in its ``Host`` header (``127.0.0.1:PORT``, ``localhost:PORT``, ``[::1]:PORT``):
+  a page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding)
+  sends its own name, and is refused (403);
+- carries the token: ``?token=`` once (the URL ``orch dashboard`` prints; it becomes an
+  HttpOnly, SameSite=Strict cookie and the token leaves the address bar), then the cookie,
+  or ``Authorization: Bearer``. None: 401; a wrong one: 403;
+- and, for an action (any method but GET and HEAD), also carries the page's same-origin
+  token in ``X-Orch-Csrf`` and, when the browser says where it comes from, an ``Origin``
+  that is the dashboard's own: another page cannot act in the user's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+COOKIE = "orch_dashboard"
+CSRF_HEADER = b"x-orch-csrf"
+SAFE_METHODS = ("GET", "HEAD")
+
+
+def csrf_for(token: str) -> str:
+    """The same-origin token of a dashboard's pages (given only to a holder of ``token``)."""
+    return hmac.new(token.encode(), b"orch-dashboard-csrf", hashlib.sha256).hexdigest()
+
+
+def same(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+class Guard:
+    """ASGI middleware in front of every page, API call and stream of the dashboard."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token
+        self.csrf = csrf_for(token)
+        self.hosts: set[str] = set()  # set once the port is known (``allow_port``)
+
+    def allow_port(self, port: int) -> None:
+        self.hosts = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if headers.get("host") not in self.hosts:
+            await refuse(send, 403, "unknown Host header: open the URL orch dashboard printed")
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        given_query = (query.get("token") or [None])[0]
+        if given_query is not None:
+            if not same(given_query, self.token):
+                await refuse(send, 403, "wrong token: open the URL orch dashboard printed")
+                return
+            await self._enter(send, scope.get("path", "/"))
+            return
+        given = self._cookie(headers.get("cookie", ""))
+        auth = headers.get("authorization", "")
+        if given is None and auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if given is None:
+            await refuse(send, 401, "no token: open the URL orch dashboard printed")
+            return
+        if not same(given, self.token):
+            await refuse(send, 403, "wrong token: open the URL orch dashboard printed")
+            return
+        if scope["method"] not in SAFE_METHODS:
+            origin = headers.get("origin")
+            if origin is not None and origin.removeprefix("http://") not in self.hosts:
+                await refuse(send, 403, "an action from another origin")
+                return
+            if not same(headers.get(CSRF_HEADER.decode()), self.csrf):
+                await refuse(send, 403, "an action without the page's token")
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _cookie(header: str) -> str | None:
+        jar: SimpleCookie = SimpleCookie()
+        try:
+            jar.load(header)
+        except Exception:  # a malformed cookie header: no token
+            return None
+        morsel = jar.get(COOKIE)
+        return morsel.value if morsel is not None else None
+
+    async def _enter(self, send: Send, path: str) -> None:
+        """The token in the URL becomes the cookie; the address bar loses it."""
+        cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+        target = path if path.startswith("/") and not path.startswith("//") else "/"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", target.encode("latin-1", "replace")),
+                    (b"set-cookie", cookie.encode()),
+                    (b"cache-control", b"no-store"),
+                    (b"content-length", b"0"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def refuse(send: Send, status: int, why: str) -> None:
+    body: Any = json.dumps({"error": why}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
