@@ -540,3 +540,12 @@ def test_progress_never_writes_over_another_writers_change(
         assert activity is not None and activity.summary == "no loop: written at once"
     finally:
         other.close()
+
+
+def test_list_raw_gives_the_latest_runs_oldest_first(store: RunStore) -> None:
+    """What the dashboard's first page reads: only the latest rows, not every run."""
+    for i in range(5):
+        store.create_run(RunRecord(run_id=f"r-{i:012d}", chain_id="c", created_at=1000.0 + i))
+    store.flush()
+    assert [r["run_id"] for r in store.list_raw(limit=2)] == ["r-000000000003", "r-000000000004"]
+    assert len(store.list_raw()) == 5 and store.list_raw(limit=10)[0]["run_id"] == "r-000000000000"

@@ -27,9 +27,10 @@ def runs(store: RunStore, *, show_all: bool = False) -> dict[str, Any]:
     """The list: live runs and recent ones (``show_all``: every run), chains in tree order,
     at most MAX_ROWS rows; ``at``: the store time the list is as of (the stream goes on)."""
     at = time.time()
-    raw = store.list_raw(since=None if show_all else at - RECENT_S)
+    since = None if show_all else at - RECENT_S
+    raw = store.list_raw(since=since, limit=MAX_ROWS + 1)  # the latest, and one to tell
     cut = len(raw) > MAX_ROWS
-    raw = raw[-MAX_ROWS:]  # the latest (the store lists them oldest first)
+    raw = raw[-MAX_ROWS:]
     return {"at": at, "runs": tree_order([ps_row(r) for r in raw]), "cut": cut}
 
 

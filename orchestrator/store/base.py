@@ -230,8 +230,11 @@ class RunStore(ResourceSink, Endings, Protocol):
         asked: it reads every record of the chain) its tokens; else ``tokens`` is 0."""
         ...
 
-    def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:
-        """Runs as plain dicts plus ``heartbeat_at``, unvalidated (fast `orch ps`), oldest first."""
+    def list_raw(
+        self, *, since: float | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Runs as plain dicts plus ``heartbeat_at``, unvalidated (fast `orch ps`), oldest
+        first; ``limit``: only the latest that many."""
         ...
 
     def descendants(self, run_id: str) -> list[RunRecord]:

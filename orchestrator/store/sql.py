@@ -368,16 +368,23 @@ class SqlStore(Endings):
         )
         return {r[0] for r in rows}
 
-    def list_raw(self, *, since: float | None = None) -> list[dict[str, Any]]:
+    def list_raw(
+        self, *, since: float | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
         """Runs as plain dicts (no model validation): fast enough for `orch ps` over 10k runs."""
         sql = "SELECT data, heartbeat_at FROM runs"
         args: list[Any] = []
         if since is not None:
             sql += f" WHERE updated_at >= ? OR {LIVE}"
             args.append(since)
-        sql += " ORDER BY created_at, run_id"
+        if limit is not None:  # the latest: read newest first, given back oldest first
+            sql += " ORDER BY created_at DESC, run_id DESC LIMIT ?"
+            args.append(limit)
+        else:
+            sql += " ORDER BY created_at, run_id"
+        found = self._read(sql, args)
         out = []
-        for data, hb in self._read(sql, args):
+        for data, hb in reversed(found) if limit is not None else found:
             row: dict[str, Any] = json.loads(data)
             row["heartbeat_at"] = hb
             out.append(row)
