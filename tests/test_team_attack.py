@@ -200,7 +200,10 @@ def test_a_deeply_nested_team_file_is_one_line(repo: Path, command: list[str]) -
     (teams / "deep.toml").write_text("a = " + "[" * 1000 + "]" * 1000 + "\n")
     r = CliRunner().invoke(app, [*command, "-C", str(repo)])
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "nested too deeply" in (r.stderr if command[1] != "list" else r.stdout)
+    said = r.stderr if command[1] != "list" else r.stdout
+    # tomllib refuses the nesting (the usual recursion limit) or it is an unknown key
+    assert "deep.toml" in said and ("nested too deeply" in said or "unknown key" in said)
+    assert "Traceback" not in said
     assert r.exit_code in (1, 2) or command == ["team", "list"]
 
 

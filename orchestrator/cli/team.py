@@ -327,6 +327,7 @@ def _follow(run_id: str, workdir: Path | None, as_json: bool, follow: bool, what
     """Print a team's board or messages (``what``), then with ``follow`` what changes."""
     import time
 
+    from ..engine.owner import owner_alive
     from ..process.opened import find_run
     from ..teams.progress import read_result
 
@@ -355,7 +356,10 @@ def _follow(run_id: str, workdir: Path | None, as_json: bool, follow: bool, what
         if as_json and not follow:
             print_json(items)
             return
-        if what == "board" and lines != seen:
+        if as_json:  # --follow: one JSON line (the whole list) each time it changes
+            if lines != seen:
+                out.print(json.dumps(items), soft_wrap=True, markup=False, highlight=False)
+        elif what == "board" and lines != seen:
             if seen:
                 out.print("[dim]--[/]")
             for line in lines:
@@ -365,6 +369,9 @@ def _follow(run_id: str, workdir: Path | None, as_json: bool, follow: bool, what
                 out.print(safe_text(line))
         seen = lines
         if not follow or record.status.ended:
+            return
+        if not owner_alive(record):  # its process is gone: nothing will change it now
+            err.print(f"orch: team run {record.run_id}'s process is gone; `orch resume` it")
             return
         time.sleep(0.5)
 

@@ -164,6 +164,7 @@ class Execution:
                     ctx.memory = memory
                     try:
                         outcome = await self._guarded(ctx, spawner)
+                        self.live.notifications = None  # no turn will read them now
                     except asyncio.CancelledError:
                         outcome = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
                         raise

@@ -315,7 +315,9 @@ class Runner:
         try:
             async with self.places.taken(record):  # queued until the chain has a place
                 executor = self.executor
-                if driver is None and not live.held and executor is not None:
+                # a run a driver granted tools to stays with its driver (its board is here)
+                local = driver is not None or live.held or bool(live.spec.grants)
+                if not local and executor is not None:
                     if executor.takes(record):
                         try:
                             return await executor.run(record)

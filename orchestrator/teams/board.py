@@ -29,6 +29,18 @@ TaskState = Literal["ready", "waiting", "claimed", "checking", "done", "failed"]
 Role = Literal["lead", "teammate"]
 MAX_TASKS = 200
 MAX_TEXT = 8_000  # characters of a title + detail, a message, a summary
+MAX_MESSAGES = 200  # a team's messages in all
+MAX_PENDING = 20  # messages kept for a member's next run
+
+
+def escaped(text: str) -> str:
+    """Model text inside orch's markup: it can close no element and open none."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def flat(text: str) -> str:
+    """Model text on one line of the board: a newline never makes a line of its own."""
+    return " ".join(text.split())
 
 
 class BoardTask(BaseModel):
@@ -111,6 +123,7 @@ class Board:
         self.pending: dict[str, list[str]] = {}  # member -> messages not yet delivered
         self._changed = asyncio.Event()
         self.version = 0  # changes so far
+        self.empty_at: dict[str, int] = {}  # member -> the version its last claim found none
 
     # -- seats --------------------------------------------------------------------------
     def sit(self, run_id: str, name: str, role: Role) -> Seat:
@@ -149,9 +162,9 @@ class Board:
         for t in self.state.tasks:
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on else ""
             who = f" [{t.owner}]" if t.owner else ""
-            lines.append(f"{t.id} {t.state}{who}: {t.title}{deps}")
+            lines.append(f"{t.id} {t.state}{who}: {flat(t.title)}{deps}")
             if t.notes and t.state in ("ready", "failed"):
-                lines.append(f"    last note: {t.notes[-1][:400]}")
+                lines.append(f"    last note: {flat(t.notes[-1])[:400]}")
         return "\n".join(lines)
 
     # -- changes ------------------------------------------------------------------------
@@ -212,11 +225,15 @@ class Board:
         """The first ready task, now the seat's: atomic (no await inside)."""
         if seat.role != "teammate":
             raise OrchError("only teammates claim tasks")
-        mine = [t for t in self.state.tasks if t.run_id == seat.run_id and t.state == "claimed"]
-        if mine:
-            raise OrchError(f"you already hold {mine[0].id}; finish it with board_done first")
+        mine = [t for t in self.state.tasks if t.run_id == seat.run_id]
+        for t in mine:
+            if t.state == "claimed":
+                raise OrchError(f"you already hold {t.id}; finish it with board_done first")
+            if t.state == "checking":  # one task a run: the checks look at this run's branch
+                raise OrchError(f"you handed in {t.id}; end your turn now")
         ready = self.ready()
         if not ready:
+            self.empty_at[seat.name] = self.version  # started again once the board changes
             return None
         task = ready[0]
         task.state, task.owner, task.run_id = "claimed", seat.name, seat.run_id
@@ -254,17 +271,21 @@ class Board:
             raise OrchError(f"no one called {to!r}; send to {', '.join(names)} or all")
         if not text.strip() or len(text) > MAX_TEXT:
             raise OrchError(f"a message needs text, at most {MAX_TEXT} characters")
+        if len(self.state.messages) >= MAX_MESSAGES:
+            raise OrchError(f"this team has sent {MAX_MESSAGES} messages, its most; work on")
         sent = Message(
             id=len(self.state.messages) + 1, at=time.time(), sender=seat.name, to=to, text=text
         )
         self.state.messages.append(sent)
         self._record("board_message", sent.model_dump(mode="json"))
-        note = f'<message from="{seat.name}" to="{to}">\n{text}\n</message>'
+        note = f'<message from="{seat.name}" to="{to}">\n{escaped(text)}\n</message>'
         targets = [n for n in names if n != seat.name] if to == "all" else [to]
         for name in targets:
             live = [s.run_id for s in self.seats.values() if s.name == name]
             if not any(self._deliver(rid, note) for rid in live):
-                self.pending.setdefault(name, []).append(note)
+                waiting = self.pending.setdefault(name, [])
+                waiting.append(note)
+                del waiting[:-MAX_PENDING]  # the latest few wait for its next run
         self._changed_now()
         return sent
 

@@ -27,7 +27,7 @@ import contextlib
 
 from ..engine.runner import Runner
 from ..errors import OrchError
-from ..project.repo import diff_stats, rev, short_run_id
+from ..project.repo import diff_stats, is_ancestor, rev, short_run_id
 from ..run import RunRecord, RunStatus
 from ..spec import RunSpec
 from ..tools.boardtools import LEAD_TOOLS, TEAMMATE_TOOLS
@@ -82,9 +82,6 @@ class LeadDriver(TeamDriver):
         )
         self.members = [f"teammate-{k}" for k in range(1, plan.teammates + 1)]
         self.started: dict[str, int] = {}  # member -> runs started
-        # member -> the board's version when its last run claimed nothing: it is started
-        # again only once the board has changed since (no run after run for nothing)
-        self.idle: dict[str, int] = {}
 
     done_phrase = "every task merged"
 
@@ -98,12 +95,16 @@ class LeadDriver(TeamDriver):
             deliver=self.runner.notify,
             describe=lambda rid, text: self.runner.store.patch_run(rid, description=text),
         )
-        for task in state.tasks:  # a resumed board: what was under way is ready again
-            if task.state in ("claimed", "checking"):
+        for task in state.tasks:  # a resumed board: what was under way is ready again,
+            if task.state in ("claimed", "checking"):  # and what failed gets its attempts
                 task.state, task.owner, task.run_id = "ready", None, None
                 task.notes.append("the team run was interrupted; ready again")
+            elif task.state == "failed" and "cancelled by the lead" not in task.notes:
+                task.state = "waiting" if task.depends_on else "ready"
+                task.owner, task.run_id, task.attempts = None, None, 0
+                task.notes.append("the team run goes on; ready again")
         assert self.result.branch is not None
-        await ensure_branch(self.repo, self.result.branch, self.result.base)
+        await self._integration(state)
         await self._run()
         self.result.approved = self.board.settled() and all(t.state == "done" for t in state.tasks)
         if not self.result.approved:
@@ -136,6 +137,25 @@ class LeadDriver(TeamDriver):
         update = {"root_run_id": rec.run_id, "status": RunStatus.RUNNING, "error": None}
         return before.model_copy(update={**update, "resumed_from": old.run_id})
 
+    async def _integration(self, state: BoardState) -> None:
+        """The integration branch, made at the base; a resumed team's must still hold every
+        task merged on it (nothing merged is ever silently dropped)."""
+        branch = str(self.result.branch)
+        merged = [t for t in state.tasks if t.state == "done" and t.commit]
+        tip = await rev(f"refs/heads/{branch}", self.repo)
+        if tip is None and merged:
+            raise OrchError(
+                f"the team's branch {branch} is gone, with {', '.join(t.id for t in merged)} "
+                f"merged on it; restore it (git branch {branch} {merged[-1].commit}) and resume"
+            )
+        for t in merged:
+            if tip is not None and not await is_ancestor(self.repo, str(t.commit), tip):
+                raise OrchError(
+                    f"the team's branch {branch} no longer holds {t.id}'s merge "
+                    f"({str(t.commit)[:12]}); restore it and resume"
+                )
+        await ensure_branch(self.repo, branch, self.result.base)
+
     def _recorded(self, kind: str, data: dict[str, object]) -> None:
         self.runner.event(self.root.run_id, kind, dict(data))
         self._save()
@@ -166,7 +186,7 @@ class LeadDriver(TeamDriver):
                     lead.result()
                 ready = self.board.ready()
                 for name in self.members:
-                    rested = self.idle.get(name) != self.board.version
+                    rested = self.board.empty_at.get(name) != self.board.version
                     if ready and name not in jobs and rested:
                         jobs[name] = asyncio.create_task(self._teammate(name))
                         ready = ready[1:]
@@ -185,7 +205,7 @@ class LeadDriver(TeamDriver):
 
     def _startable(self) -> bool:
         """A ready task and a teammate who would be started for it."""
-        rested = any(self.idle.get(n) != self.board.version for n in self.members)
+        rested = any(self.board.empty_at.get(n) != self.board.version for n in self.members)
         return bool(self.board.ready()) and rested
 
     def _strand(self) -> None:
@@ -273,7 +293,6 @@ class LeadDriver(TeamDriver):
         task = next((t for t in self.board.state.tasks if t.run_id == rid), None)
         self.crew.ran(task.attempts + 1 if task else 0, "teammate", rec)
         if task is None:
-            self.idle[name] = self.board.version
             await delete_if_unused(self.repo, branch, start)
         elif task.state == "claimed":
             why = rec.error or rec.status.value
