@@ -298,7 +298,10 @@ class Board:
             await asyncio.wait_for(self._changed.wait(), timeout_s)
 
     async def wait(self, seat: Seat, timeout_s: float) -> str:
-        """Until the board changes or a message for the seat arrives, at most ``timeout_s``."""
+        """Until the board changes or a message for the seat arrives, at most ``timeout_s``;
+        at once when every task is settled (nothing will change it)."""
+        if self.settled():
+            return f"Every task is done or failed.\n{self.listing()}"
         changed = self._changed
         try:
             await asyncio.wait_for(changed.wait(), timeout_s)
