@@ -221,3 +221,34 @@ def test_one_dashboard_over_a_postgres_store_shows_every_machines_runs(
     assert code == 200
     nodes = {r["node"] for r in json.loads(body)["runs"]}
     assert {"vm-a", "vm-b"} <= nodes
+
+
+def test_a_team_page_shows_its_gates_and_verdicts(
+    project: Path, dashboard: Served, page: Any, tmp_path: Path
+) -> None:
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=project, check=True)
+    subprocess.run(["git", "add", "."], cwd=project, check=True)
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", *ident, "commit", "-qm", "init"], cwd=project, check=True)
+    verdict = json.dumps({"verdict": "approve", "summary": "Looks right.", "comments": []})
+    script = project.parent / "team.yaml"
+    script.write_text(yaml.safe_dump({"conversations": [
+        {"agent": "writer", "turns": [
+            {"tool_calls": [{"tool": "write_file",
+                             "input": {"path": "src/app.py", "content": "print(42)\n"}}]},
+            {"text": "wrote it"}]},
+        {"agent": "reviewer", "turns": [{"text": verdict}]},
+    ]}))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "team", "run", "Print 42", "--gate",
+         "grep -q 42 src/app.py", "--json", "--model", f"scripted:{script}"],
+        cwd=project, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    root = json.loads(done.stdout)["root_run_id"]
+    page.goto(dashboard.url)
+    page.goto(f"http://127.0.0.1:{dashboard.port}/run/{root}")
+    page.wait_for_selector("text=[reviewer] approve: Looks right.")
+    assert page.locator("text=gate passed").count() >= 1
+    assert page.locator("text=+print(42)").count() == 1  # the branch's diff
+    shot(page, "team", tmp_path)

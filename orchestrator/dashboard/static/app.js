@@ -31,7 +31,11 @@ function ago(ts) {
 
 function activity(r) {
   const a = r.last_activity;
-  return a ? `${a.tool}: ${a.summary}` : "";
+  return a ? a.summary : "";
+}
+
+function show(...kids) {
+  main.replaceChildren(...kids.filter((k) => k !== null && k !== undefined));
 }
 
 const COLUMNS = ["agent", "description", "status", "tier", "node", "tokens", "activity"];
@@ -98,7 +102,7 @@ async function showList() {
     table.append(tr);
   }
   const head = el("tr", {}, ...COLUMNS.map((c) => el("th", {}, c)));
-  main.replaceChildren(
+  show(
     el("table", {}, el("thead", {}, head), table),
     data.cut ? el("p", { class: "dim" }, "(the latest runs only)") : null,
   );
@@ -167,7 +171,7 @@ async function act(runId, what, note) {
 async function drawRun(runId) {
   const res = await fetch(`/api/run/${encodeURIComponent(runId)}`);
   if (!res.ok) {
-    main.replaceChildren(el("p", {}, `no run ${runId}`));
+    show(el("p", {}, `no run ${runId}`));
     return;
   }
   const d = await res.json();
@@ -185,7 +189,7 @@ async function drawRun(runId) {
   }
   const status = el("span", { class: `status status-${r.status}` }, r.status);
   status.id = "status";
-  main.replaceChildren(
+  show(
     section(`${r.agent} · ${r.run_id}`,
       el("p", { class: "desc" }, r.description || ""),
       el("p", {}, status, ` · ${r.isolation} · depth ${r.depth} · ${r.model} · node ${r.node || ""}`),
