@@ -252,3 +252,14 @@ def test_a_team_page_shows_its_gates_and_verdicts(
     assert page.locator("text=gate passed").count() >= 1
     assert page.locator("text=+print(42)").count() == 1  # the branch's diff
     shot(page, "team", tmp_path)
+
+
+def test_only_loopback_is_served(project: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    for host in ("0.0.0.0", "192.168.1.5", "example.com"):
+        r = CliRunner().invoke(app, ["dashboard", "--host", host, "--no-open", "-C", str(project)])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "loopback only" in r.stderr and "ssh -L" in r.stderr
