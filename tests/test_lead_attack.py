@@ -11,25 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import OrchError
-from orchestrator.teams.board import Board, BoardState
-
-
-def board(members: int = 2) -> tuple[Board, list[tuple[str, dict[str, Any]]], dict[str, list[str]]]:
-    events: list[tuple[str, dict[str, Any]]] = []
-    inbox: dict[str, list[str]] = {}
-
-    def deliver(run_id: str, text: str) -> bool:
-        inbox.setdefault(run_id, []).append(text)
-        return True
-
-    b = Board(
-        BoardState(),
-        [f"teammate-{k}" for k in range(1, members + 1)],
-        record=lambda kind, data: events.append((kind, dict(data))),
-        deliver=deliver,
-        describe=lambda rid, text: None,
-    )
-    return b, events, inbox
+from tests.test_team_board import board
 
 
 def test_a_teammate_cannot_claim_a_second_task_while_its_first_is_being_checked() -> None:
@@ -111,6 +93,22 @@ APPROVE = json.dumps({"verdict": "approve", "summary": "Fine.", "comments": []})
 
 def call(tool: str, **args: Any) -> dict[str, Any]:
     return {"tool": tool, "input": args}
+
+
+def one_task() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A lead that adds one task, and a teammate that does it."""
+    lead = {"agent": "explorer", "turns": [{"tool_calls": [call("board_add", title="a")]},
+                                           {"text": "planned"}]}  # fmt: skip
+    mate = {
+        "agent": "writer",
+        "turns": [
+            {"tool_calls": [call("board_claim")]},
+            {"tool_calls": [call("write_file", path="a.py", content="a = 1\n")]},
+            {"tool_calls": [call("board_done", task_id="t1", summary="a")]},
+            {"text": "t1"},
+        ],
+    }
+    return lead, mate
 
 
 def lead_team(tmp_path: Path, conversations: list[dict[str, Any]], **plan: Any) -> TeamResult:
@@ -418,17 +416,7 @@ def test_team_board_follow_ends_when_the_team_process_died(tmp_path: Path) -> No
     from orchestrator.run import RunStatus
     from orchestrator.store import open_store
 
-    lead = {"agent": "explorer", "turns": [{"tool_calls": [call("board_add", title="a")]},
-                                           {"text": "planned"}]}  # fmt: skip
-    mate = {
-        "agent": "writer",
-        "turns": [
-            {"tool_calls": [call("board_claim")]},
-            {"tool_calls": [call("write_file", path="a.py", content="a = 1\n")]},
-            {"tool_calls": [call("board_done", task_id="t1", summary="a")]},
-            {"text": "t1"},
-        ],
-    }
+    lead, mate = one_task()
     result = lead_team(tmp_path, [lead, mate])
     root = tmp_path / "proj"
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -549,17 +537,7 @@ def test_team_board_json_follow_prints_json(tmp_path: Path) -> None:
 
     from orchestrator.cli.main import app
 
-    lead = {"agent": "explorer", "turns": [{"tool_calls": [call("board_add", title="a")]},
-                                           {"text": "planned"}]}  # fmt: skip
-    mate = {
-        "agent": "writer",
-        "turns": [
-            {"tool_calls": [call("board_claim")]},
-            {"tool_calls": [call("write_file", path="a.py", content="a = 1\n")]},
-            {"tool_calls": [call("board_done", task_id="t1", summary="a")]},
-            {"text": "t1"},
-        ],
-    }
+    lead, mate = one_task()
     result = lead_team(tmp_path, [lead, mate])
     shown = CliRunner().invoke(
         app, ["team", "board", result.root_run_id, "--json", "--follow",
