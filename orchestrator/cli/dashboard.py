@@ -29,9 +29,15 @@ def dashboard(
     served = Served(project.store, project.root, host, port)
     out.print(served.url, soft_wrap=True)
     err.print("orch: dashboard running; Ctrl-C stops it (the URL holds its token)")
-    if not no_open:
-        webbrowser.open(served.url)
+    opener = None
+    if not no_open:  # through a file of the user's: the token is in no command line
+        opener = served.opener()
+        webbrowser.open(opener.as_uri())
     try:
         served.run()
     except KeyboardInterrupt:
         pass
+    finally:
+        served.close()
+        if opener is not None:
+            opener.unlink(missing_ok=True)

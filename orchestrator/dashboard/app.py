@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -115,7 +116,13 @@ class Dashboard:
         return JSONResponse(data)
 
     async def stream(self, request: Request) -> Response:
-        since = float(request.query_params.get("since") or time.time())
+        now = time.time()
+        try:
+            since = float(request.query_params.get("since") or now)
+        except ValueError:
+            return JSONResponse({"error": "since must be a time in seconds"}, status_code=400)
+        if not math.isfinite(since) or since < now - views.RECENT_S:
+            since = now - views.RECENT_S  # a day back at most: the list's window
 
         async def changes() -> AsyncIterator[str]:
             last, seen, quiet = since, dict[str, float](), 0.0

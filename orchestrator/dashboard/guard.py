@@ -5,9 +5,11 @@ The dashboard answers only on loopback, and only to a request that
 - names it in its ``Host`` header (``127.0.0.1:PORT``, ``localhost:PORT``, ``[::1]:PORT``):
   a page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding)
   sends its own name, and is refused (403);
-- carries the token: ``?token=`` once (the URL ``orch dashboard`` prints; it becomes an
-  HttpOnly, SameSite=Strict cookie and the token leaves the address bar), then the cookie,
-  or ``Authorization: Bearer``. None: 401; a wrong one: 403;
+- carries the token: ``?token=`` (the URL ``orch dashboard`` prints) opens a session, an
+  HttpOnly, SameSite=Strict cookie named with the port, holding a random session id, not
+  the token (cookies ignore ports: another server on 127.0.0.1 the browser visits is sent
+  it), and the token leaves the address bar; then the cookie, or ``Authorization:
+  Bearer`` with the token. None: 401; a wrong one: 403;
 - and, for an action (any method but GET and HEAD), also carries the page's same-origin
   token in ``X-Orch-Csrf`` and, when the browser says where it comes from, an ``Origin``
   that is the dashboard's own: another page cannot act in the user's name.
@@ -18,13 +20,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from http.cookies import SimpleCookie
+import re
+import secrets
 from typing import Any
 from urllib.parse import parse_qs
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-COOKIE = "orch_dashboard"
+COOKIE = "orch_dashboard"  # and the port: two dashboards keep a cookie each
+ENTRY_TARGET = re.compile(r"/(run/[A-Za-z0-9_-]{1,64})?")  # where the entry may send the browser
 CSRF_HEADER = b"x-orch-csrf"
 SAFE_METHODS = ("GET", "HEAD")
 
@@ -46,14 +51,33 @@ class Guard:
         self.token = token
         self.csrf = csrf_for(token)
         self.hosts: set[str] = set()  # set once the port is known (``allow_port``)
+        self.cookie = COOKIE
+        # a browser's cookie holds a session of its own, never the token: what another
+        # server on 127.0.0.1 may be sent (cookies ignore ports) is not the printed URL's key
+        self.sessions: set[str] = set()
 
-    def allow_port(self, port: int) -> None:
-        self.hosts = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
+    def allow_port(self, port: int, host: str = "127.0.0.1") -> None:
+        shown = f"[{host}]" if ":" in host else host
+        self.hosts = {f"{shown}:{port}", f"localhost:{port}"}
+        self.cookie = f"{COOKIE}_{port}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        async def guarded(message: Message) -> None:  # every answer: no sniffing, no caching
+            if message["type"] == "http.response.start":
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                ]
+            await send(message)
+
+        await self._check(scope, receive, guarded)
+
+    async def _check(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if headers.get("host") not in self.hosts:
             await refuse(send, 403, "unknown Host header: open the URL orch dashboard printed")
@@ -66,14 +90,14 @@ class Guard:
                 return
             await self._enter(send, scope.get("path", "/"))
             return
-        given = self._cookie(headers.get("cookie", ""))
+        session = cookie_parser(headers.get("cookie", "")).get(self.cookie)
         auth = headers.get("authorization", "")
-        if given is None and auth.lower().startswith("bearer "):
-            given = auth[7:].strip()
-        if given is None:
+        bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+        if session is None and bearer is None:
             await refuse(send, 401, "no token: open the URL orch dashboard printed")
             return
-        if not same(given, self.token):
+        known = session is not None and any(same(session, s) for s in self.sessions)
+        if not known and not (bearer is not None and same(bearer, self.token)):
             await refuse(send, 403, "wrong token: open the URL orch dashboard printed")
             return
         if scope["method"] not in SAFE_METHODS:
@@ -86,20 +110,13 @@ class Guard:
                 return
         await self.app(scope, receive, send)
 
-    @staticmethod
-    def _cookie(header: str) -> str | None:
-        jar: SimpleCookie = SimpleCookie()
-        try:
-            jar.load(header)
-        except Exception:  # a malformed cookie header: no token
-            return None
-        morsel = jar.get(COOKIE)
-        return morsel.value if morsel is not None else None
-
     async def _enter(self, send: Send, path: str) -> None:
-        """The token in the URL becomes the cookie; the address bar loses it."""
-        cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
-        target = path if path.startswith("/") and not path.startswith("//") else "/"
+        """The token in the URL opens a session, the browser's cookie; the address bar
+        loses the token; the browser goes to a page of the dashboard's, never elsewhere."""
+        session = secrets.token_urlsafe(32)
+        self.sessions.add(session)
+        cookie = f"{self.cookie}={session}; HttpOnly; SameSite=Strict; Path=/"
+        target = path if ENTRY_TARGET.fullmatch(path) else "/"
         await send(
             {
                 "type": "http.response.start",

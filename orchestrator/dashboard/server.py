@@ -7,9 +7,12 @@ the real port; :func:`serve` runs uvicorn on it until interrupted.
 from __future__ import annotations
 
 import asyncio
+import html
 import ipaddress
+import os
 import secrets
 import socket
+import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -26,12 +29,14 @@ def loopback(host: str) -> str:
     if host in LOOPBACK_NAMES:
         return "127.0.0.1"
     try:
-        if ipaddress.ip_address(host).is_loopback:
-            return host
+        address = ipaddress.ip_address(host)
     except ValueError:
-        pass
+        address = None
+    if address is not None and str(address) in ("127.0.0.1", "::1"):
+        return str(address)
     raise UsageError(
-        f"the dashboard listens on loopback only, not {host!r}; from another machine use "
+        f"the dashboard listens on loopback only (127.0.0.1 or ::1), not {host!r}; from "
+        "another machine use "
         "`ssh -L PORT:127.0.0.1:PORT this-host` (see docs/DASHBOARD.md)"
     )
 
@@ -59,7 +64,7 @@ class Served:
         self.port = int(self.sock.getsockname()[1])
         self.token = secrets.token_urlsafe(32)
         self.app = Dashboard(store, root, self.token)
-        self.app.guard.allow_port(self.port)
+        self.app.guard.allow_port(self.port, self.host)
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.port}/?token={self.token}"
         config = uvicorn.Config(self.app.guard, log_level="warning", lifespan="off")
@@ -75,5 +80,22 @@ class Served:
     def stop(self) -> None:
         self.server.should_exit = True
 
+    def close(self) -> None:
+        """The socket, when the server never ran (it closes it when it did)."""
+        self.sock.close()
+
     def run(self) -> None:
         asyncio.run(self.serve())
+
+    def opener(self) -> Path:
+        """A page of the user's own (mode 0600) that sends the browser to the URL: the
+        browser is opened on it, so the token is in no process's command line."""
+        fd, name = tempfile.mkstemp(prefix="orch-dashboard-", suffix=".html")
+        page = (
+            '<!doctype html><meta charset="utf-8"><meta name="referrer" content="no-referrer">'
+            f'<meta http-equiv="refresh" content="0;url={html.escape(self.url)}">'
+            f'<p><a href="{html.escape(self.url)}">Open the orch dashboard</a></p>'
+        )
+        with os.fdopen(fd, "w") as f:
+            f.write(page)
+        return Path(name)

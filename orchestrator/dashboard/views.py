@@ -36,7 +36,7 @@ def runs(store: RunStore, *, show_all: bool = False) -> dict[str, Any]:
 
 def changes(store: RunStore, since: float) -> list[dict[str, Any]]:
     """The rows changed since ``since`` (and every live one): what the stream sends."""
-    return [ps_row(r) for r in store.list_raw(since=since)]
+    return [ps_row(r) for r in store.list_raw(since=since, limit=MAX_ROWS)]
 
 
 def run(store: RunStore, root: Path, record: RunRecord) -> dict[str, Any]:

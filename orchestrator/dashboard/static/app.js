@@ -223,6 +223,16 @@ function follow(since, onRuns) {
   source.addEventListener("runs", (e) => onRuns(JSON.parse(e.data)));
 }
 
-const match = location.pathname.match(/^\/run\/([^/]+)$/);
-if (match) showRun(decodeURIComponent(match[1]));
+function runOfPath() {
+  const match = location.pathname.match(/^\/run\/([^/]+)$/);
+  if (!match) return null;
+  try {
+    return decodeURIComponent(match[1]);
+  } catch {
+    return match[1];
+  }
+}
+
+const shown = runOfPath();
+if (shown !== null) showRun(shown);
 else showList();
