@@ -43,16 +43,22 @@ def chromium() -> str:
     return found
 
 
-@pytest.fixture
-def dashboard(project: Path) -> Iterator[Served]:
-    store = open_store(project, None)
-    served = Served(store, project)
+def start(served: Served) -> threading.Thread:
+    """The dashboard served by a thread of its own, once it answers."""
     thread = threading.Thread(target=served.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not served.server.started:
         assert time.monotonic() < deadline, "the dashboard did not start"
         time.sleep(0.02)
+    return thread
+
+
+@pytest.fixture
+def dashboard(project: Path) -> Iterator[Served]:
+    store = open_store(project, None)
+    served = Served(store, project)
+    thread = start(served)
     yield served
     served.stop()
     thread.join(10)
@@ -207,16 +213,11 @@ def test_one_dashboard_over_a_postgres_store_shows_every_machines_runs(
                                    node=node, description=f"on {node}"))  # fmt: skip
     store.flush()
     served = Served(store, project)
-    thread = threading.Thread(target=served.run, daemon=True)
-    thread.start()
+    thread = start(served)
     with contextlib.ExitStack() as stack:
         stack.callback(store.close)
         stack.callback(thread.join, 10)
         stack.callback(served.stop)
-        deadline = time.monotonic() + 10
-        while not served.server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
         code, body = http(served, "/api/runs", Authorization=f"Bearer {served.token}")
     assert code == 200
     nodes = {r["node"] for r in json.loads(body)["runs"]}

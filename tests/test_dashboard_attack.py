@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import http.server
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,19 +21,10 @@ from orchestrator.store import open_store
 from tests import test_dashboard as base
 
 dashboard = base.dashboard  # the fixtures, shared
+start = base.start
 page = base.page
 
 XSS = '<img src=x onerror="window.__pwned=1">'
-
-
-def start(served: Served) -> threading.Thread:
-    thread = threading.Thread(target=served.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not served.server.started:
-        assert time.monotonic() < deadline, "the dashboard did not start"
-        time.sleep(0.02)
-    return thread
 
 
 @pytest.fixture
