@@ -12,6 +12,7 @@ _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
 _ONE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
 _MULTI_LINE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_SPACE = re.compile(r"\s+")
 
 
 def _written_out(m: re.Match[str]) -> str:
@@ -51,3 +52,10 @@ def for_model(value: object) -> str:
     if text.isascii():
         return text
     return "".join(f"\\u{ord(c):04x}" if _invisible(c) else c for c in text)
+
+
+def one_line(value: object) -> str:
+    """Text a model wrote, on one line: whitespace runs (newlines too) made one space, so
+    it never makes a line of its own in a listing or a summary."""
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    return _SPACE.sub(" ", text).strip()

@@ -56,6 +56,7 @@ class LiveRun:
     progress: float = field(default_factory=time.monotonic)  # its last progress (monotonic)
     workspace: Workspace | None = None  # while open: its children's specs name it
     notifications: list[str] | None = None  # while its loop runs: its next turn's notes
+    said: str | None = None  # a description given since it started (``Runner.describe``)
 
     @property
     def held(self) -> bool:
@@ -172,11 +173,8 @@ class Execution:
                         # Background children end before the workspace closes, so what
                         # they wrote is in the commit of a worktree, not lost after it.
                         await asyncio.shield(spawner.close())
-                        # its description now (a team's teammate says which task it did)
-                        now_said = (store.get_run(record.run_id) or record).description
-                        ws.set_outcome(
-                            RunOutcome(status=outcome.status.value, description=now_said)
-                        )
+                        said = self.live.said or record.description  # (Runner.describe)
+                        ws.set_outcome(RunOutcome(status=outcome.status.value, description=said))
         except asyncio.CancelledError:
             cancelled = LoopOutcome(RunStatus.CANCELLED, outcome.text, "cancelled")
             self.finish(ctx, cancelled, workspace)

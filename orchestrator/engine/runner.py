@@ -233,6 +233,13 @@ class Runner:
         live.notifications.append(text)
         return True
 
+    def describe(self, run_id: str, text: str) -> None:
+        """A live run's new description (a teammate's task): shown by `orch ps`, and the
+        subject of the commit its workspace makes at close."""
+        self.store.patch_run(run_id, description=text)
+        if (live := self.live.get(run_id)) is not None:
+            live.said = text
+
     def progress(self, run_id: str, state: dict[str, Any]) -> None:
         """A driver's state, replacing the last (``RunRecord.progress``)."""
         self.store.patch_run(run_id, progress=state)

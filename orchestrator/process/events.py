@@ -22,11 +22,10 @@ from typing import Any
 
 from ..run import RunRecord, first_line
 from ..store import RunStore
-from ..untrusted import shown
+from ..untrusted import one_line, shown
 
 PLAIN_CHARS = 1000  # a summary's cap when the output has no width (not a terminal)
 ENDED_GRACE_S = 1.0  # a run ended without a run_finished event is done after this
-_SPACE = re.compile(r"\s+")
 _EXIT = re.compile(r"\[exit code (-?\d+)\]\s*$")
 _CHILD = re.compile(r"\[task (\S+) (.*?)(?: · details: .*)?\]$")
 
@@ -51,7 +50,7 @@ def as_text(value: object) -> str:
 
 def prose(value: object) -> str:
     """Text a model wrote, on one line: whitespace runs (newlines too) made one space."""
-    return _SPACE.sub(" ", as_text(value)).strip()
+    return one_line(as_text(value))
 
 
 # -- one summary a kind --------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..errors import OrchError
+from ..untrusted import one_line
 
 TaskState = Literal["ready", "waiting", "claimed", "checking", "done", "failed"]
 Role = Literal["lead", "teammate"]
@@ -36,11 +37,6 @@ MAX_PENDING = 20  # messages kept for a member's next run
 def escaped(text: str) -> str:
     """Model text inside orch's markup: it can close no element and open none."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def flat(text: str) -> str:
-    """Model text on one line of the board: a newline never makes a line of its own."""
-    return " ".join(text.split())
 
 
 class BoardTask(BaseModel):
@@ -162,9 +158,9 @@ class Board:
         for t in self.state.tasks:
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on else ""
             who = f" [{t.owner}]" if t.owner else ""
-            lines.append(f"{t.id} {t.state}{who}: {flat(t.title)}{deps}")
+            lines.append(f"{t.id} {t.state}{who}: {one_line(t.title)}{deps}")
             if t.notes and t.state in ("ready", "failed"):
-                lines.append(f"    last note: {flat(t.notes[-1])[:400]}")
+                lines.append(f"    last note: {one_line(t.notes[-1])[:400]}")
         return "\n".join(lines)
 
     # -- changes ------------------------------------------------------------------------
@@ -258,6 +254,27 @@ class Board:
         if task.state == "ready":
             task.owner = None
         self._save(task)
+
+    def resumed(self) -> None:
+        """A resumed team's board: what was under way is ready again, and what failed
+        (not what the lead cancelled) gets its attempts again."""
+        for task in self.state.tasks:
+            if task.state in ("claimed", "checking"):
+                task.state, task.owner, task.run_id = "ready", None, None
+                task.notes.append("the team run was interrupted; ready again")
+            elif task.state == "failed" and "cancelled by the lead" not in task.notes:
+                task.state = "waiting" if task.depends_on else "ready"
+                task.owner, task.run_id, task.attempts = None, None, 0
+                task.notes.append("the team run goes on; ready again")
+
+    def strand(self) -> None:
+        """Tasks that can never be ready (they wait on a failed one) fail, saying why."""
+        failed = {t.id for t in self.state.tasks if t.state == "failed"}
+        for t in self.state.tasks:
+            if t.state == "waiting" and failed.intersection(t.depends_on):
+                t.state = "failed"
+                t.notes.append(f"depends on failed {', '.join(sorted(failed & set(t.depends_on)))}")
+                self._save(t)
 
     def finish(self, task: BoardTask, commit: str) -> None:
         task.state, task.commit = "done", commit

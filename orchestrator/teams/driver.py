@@ -138,36 +138,38 @@ class TeamDriver:
 
     def _start(self, base: str) -> TeamResult:
         """A new team's result, or the one a resumed team continues."""
-        rec, plan = self.root, self.plan
+        rec = self.root
         if rec.resumed_from is None:
-            return TeamResult(
-                root_run_id=rec.run_id,
-                chain_id=rec.chain_id,
-                status=RunStatus.RUNNING,
-                plan=plan,
-                task=rec.prompt,
-                base=base,
-                max_rounds=plan.rounds,
-            )
+            return self._fresh(base)
         old = self.runner.store.require_run(rec.resumed_from)
         before = read_result(self.runner.store, old)
         if before is None:
             raise OrchError(f"team run {old.run_id} left no progress to continue; start anew")
         if before.approved:
             raise OrchError(f"team run {old.run_id} was approved; there is nothing to continue")
-        result = before.model_copy(
-            update={
-                "root_run_id": rec.run_id,
-                "status": RunStatus.RUNNING,
-                "resumed_from": old.run_id,
-                "error": None,
-            }
+        update = {"root_run_id": rec.run_id, "status": RunStatus.RUNNING, "error": None}
+        return self._continued(before.model_copy(update={**update, "resumed_from": old.run_id}))
+
+    def _fresh(self, base: str) -> TeamResult:
+        rec, plan = self.root, self.plan
+        return TeamResult(
+            root_run_id=rec.run_id,
+            chain_id=rec.chain_id,
+            status=RunStatus.RUNNING,
+            plan=plan,
+            task=rec.prompt,
+            base=base,
+            max_rounds=plan.rounds,
         )
-        for c in result.candidates:  # a writer that failed (or was stopped) goes on
+
+    def _continued(self, result: TeamResult) -> TeamResult:
+        """A resumed team: a writer that failed (or was stopped) goes on, and a team that
+        used its rounds gets as many again."""
+        for c in result.candidates:
             if c.state == "failed" and (result.chosen is None or c.number == result.chosen):
                 c.state, c.error = "writing", None
-        if result.completed >= result.max_rounds:  # it used its rounds: as many again
-            result.max_rounds = result.completed + plan.rounds
+        if result.completed >= result.max_rounds:
+            result.max_rounds = result.completed + self.plan.rounds
         return result
 
     def _note(self) -> str:

@@ -28,7 +28,7 @@ import contextlib
 from ..engine.runner import Runner
 from ..errors import OrchError
 from ..project.repo import diff_stats, is_ancestor, rev, short_run_id
-from ..run import RunRecord, RunStatus
+from ..run import RunRecord
 from ..spec import RunSpec
 from ..tools.boardtools import LEAD_TOOLS, TEAMMATE_TOOLS
 from ..workspaces.registry import tier_config
@@ -39,7 +39,7 @@ from .driver import TeamDriver
 from .gate import trim
 from .integrate import Conflict, delete_if_unused, ensure_branch, merge_onto
 from .plan import TeamPlan
-from .progress import TeamResult, read_result
+from .progress import TeamResult
 from .steps import shown_candidate
 
 POLL_S = 5.0  # the scheduler looks again at least this often
@@ -93,16 +93,10 @@ class LeadDriver(TeamDriver):
             self.members,
             record=self._recorded,
             deliver=self.runner.notify,
-            describe=lambda rid, text: self.runner.store.patch_run(rid, description=text),
+            describe=self.runner.describe,
         )
-        for task in state.tasks:  # a resumed board: what was under way is ready again,
-            if task.state in ("claimed", "checking"):  # and what failed gets its attempts
-                task.state, task.owner, task.run_id = "ready", None, None
-                task.notes.append("the team run was interrupted; ready again")
-            elif task.state == "failed" and "cancelled by the lead" not in task.notes:
-                task.state = "waiting" if task.depends_on else "ready"
-                task.owner, task.run_id, task.attempts = None, None, 0
-                task.notes.append("the team run goes on; ready again")
+        if self.result.resumed_from is not None:
+            self.board.resumed()
         assert self.result.branch is not None
         await self._integration(state)
         await self._run()
@@ -115,27 +109,15 @@ class LeadDriver(TeamDriver):
                 + f"); the work so far is on {self.result.branch}"
             )
 
-    def _start(self, base: str) -> TeamResult:
-        rec = self.root
-        if rec.resumed_from is None:
-            return TeamResult(
-                root_run_id=rec.run_id,
-                chain_id=rec.chain_id,
-                status=RunStatus.RUNNING,
-                plan=self.plan,
-                task=rec.prompt,
-                base=base,
-                max_rounds=self.plan.rounds,
-                branch=f"orch/team/{short_run_id(rec.run_id)}",
-            )
-        old = self.runner.store.require_run(rec.resumed_from)
-        before = read_result(self.runner.store, old)
-        if before is None or before.board is None:
-            raise OrchError(f"team run {old.run_id} left no board to continue; start anew")
-        if before.approved:
-            raise OrchError(f"team run {old.run_id} was approved; there is nothing to continue")
-        update = {"root_run_id": rec.run_id, "status": RunStatus.RUNNING, "error": None}
-        return before.model_copy(update={**update, "resumed_from": old.run_id})
+    def _fresh(self, base: str) -> TeamResult:
+        result = super()._fresh(base)
+        result.branch = f"orch/team/{short_run_id(self.root.run_id)}"
+        return result
+
+    def _continued(self, result: TeamResult) -> TeamResult:
+        if result.board is None:
+            raise OrchError(f"team run {result.resumed_from} left no board to continue; start anew")
+        return result
 
     async def _integration(self, state: BoardState) -> None:
         """The integration branch, made at the base; a resumed team's must still hold every
@@ -191,7 +173,7 @@ class LeadDriver(TeamDriver):
                         jobs[name] = asyncio.create_task(self._teammate(name))
                         ready = ready[1:]
                 if lead.done() and not jobs and not self._startable():
-                    self._strand()
+                    self.board.strand()
                     return
                 changed = asyncio.ensure_future(self.board.wait_quietly(POLL_S))
                 await asyncio.wait({lead, changed, *jobs.values()}, return_when="FIRST_COMPLETED")
@@ -207,15 +189,6 @@ class LeadDriver(TeamDriver):
         """A ready task and a teammate who would be started for it."""
         rested = any(self.board.empty_at.get(n) != self.board.version for n in self.members)
         return bool(self.board.ready()) and rested
-
-    def _strand(self) -> None:
-        """Tasks that can never be ready (they wait on a failed one) fail, saying why."""
-        failed = {t.id for t in self.board.state.tasks if t.state == "failed"}
-        for t in self.board.state.tasks:
-            if t.state == "waiting" and failed.intersection(t.depends_on):
-                t.state = "failed"
-                t.notes.append(f"depends on failed {', '.join(sorted(failed & set(t.depends_on)))}")
-                self._recorded("board_task", t.model_dump(mode="json"))
 
     def _seated(self, handle_record: RunRecord, name: str, role: Role) -> None:
         seat = self.board.sit(handle_record.run_id, name, role)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
+from ..untrusted import one_line
 from .progress import TeamResult
-
-
-def flat(text: object) -> str:
-    """Model text on one line: a newline in a verdict never makes a line of the summary."""
-    return " ".join(str(text).split())
 
 
 def summary(res: TeamResult) -> str:
@@ -36,7 +32,7 @@ def summary(res: TeamResult) -> str:
         lines.append(f"lead {plan.lead}, {plan.teammates} teammate(s); the board:")
         for t in res.board.tasks:
             who = f" [{t.owner}]" if t.owner else ""
-            lines.append(f"  {t.id} {t.state}{who}: {flat(t.title)}")
+            lines.append(f"  {t.id} {t.state}{who}: {one_line(t.title)}")
     for g in res.gates:
         if plan.lead is not None:  # a task's gate: its number, its attempt
             again = f" (attempt {g.round})" if g.round > 1 else ""
@@ -52,16 +48,18 @@ def summary(res: TeamResult) -> str:
         for note in r.notes:
             v = note.verdict
             picked = f" (candidate {v.choice})" if len(r.candidates) > 1 else ""
-            lines.append(f"  [{note.reviewer}] {v.verdict}{picked}: {flat(v.summary)}")
-            lines += [f"    - {flat(c.path)}:{c.line}: {flat(c.comment)}" for c in v.comments]
+            lines.append(f"  [{note.reviewer}] {v.verdict}{picked}: {one_line(v.summary)}")
+            lines += [
+                f"    - {one_line(c.path)}:{c.line}: {one_line(c.comment)}" for c in v.comments
+            ]
     for c in res.kept():
-        why = f" ({flat(c.error)})" if c.state == "failed" and c.error else f" ({c.state})"
+        why = f" ({one_line(c.error)})" if c.state == "failed" and c.error else f" ({c.state})"
         lines.append(f"kept candidate {c.number}: {c.branch}{why}")
     if res.merged:
         lines.append(f"merged into your HEAD at {(res.merge_commit or '')[:12]}")
     if res.approved:
         lines.append("approved")
     if res.error:
-        error = flat(res.error)
+        error = one_line(res.error)
         lines.append(f"error: {error}" if res.approved else f"not approved: {error}")
     return "\n".join(lines)
