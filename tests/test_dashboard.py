@@ -54,15 +54,24 @@ def start(served: Served) -> threading.Thread:
     return thread
 
 
-@pytest.fixture
-def dashboard(project: Path) -> Iterator[Served]:
+@contextlib.contextmanager
+def serving(project: Path) -> Iterator[Served]:
+    """A dashboard of the project's store, served until the block ends."""
     store = open_store(project, None)
     served = Served(store, project)
     thread = start(served)
-    yield served
-    served.stop()
-    thread.join(10)
-    store.close()
+    try:
+        yield served
+    finally:
+        served.stop()
+        thread.join(10)
+        store.close()
+
+
+@pytest.fixture
+def dashboard(project: Path) -> Iterator[Served]:
+    with serving(project) as served:
+        yield served
 
 
 @pytest.fixture

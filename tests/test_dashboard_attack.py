@@ -29,13 +29,8 @@ XSS = '<img src=x onerror="window.__pwned=1">'
 
 @pytest.fixture
 def second(project: Path) -> Iterator[Served]:
-    store = open_store(project, None)
-    served = Served(store, project)
-    thread = start(served)
-    yield served
-    served.stop()
-    thread.join(10)
-    store.close()
+    with base.serving(project) as served:
+        yield served
 
 
 def raw(served: Served, method: str, path: str, **headers: str) -> tuple[Any, dict[str, str]]:
