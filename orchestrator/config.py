@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from .egress.rules import NetworkSetting
 from .errors import UsageError
 from .models import secret_env_prefixes
 from .trust import AgentFloor, Trust, TrustCap, gate
@@ -346,8 +347,10 @@ class Settings(BaseModel):
     # The worker host of detached runs exits this long after its last run ended (0: at once);
     # ORCH_HOST_IDLE overrides it.
     host_idle_seconds: float = Field(default=60.0, ge=0, json_schema_extra=LIMIT)
-    # Host-tier commands: "none" (default) or "host" (the machine's network).
-    network: Literal["none", "host"] = "none"
+    # What a run's commands reach: "none" (default), "host" (the machine's network) or
+    # {allow = ["pypi.org", "*.github.com", "127.0.0.1:8080"]} through orch's egress proxy
+    # (egress/rules.py). A repository's orch.toml may narrow it; widening needs trust.
+    network: NetworkSetting = "none"
     extra_env: dict[str, str] = Field(default_factory=dict)  # given to sandboxed commands
     worktree_include: list[str] = Field(default_factory=list)
     # Added to DEFAULT_COMMIT_EXCLUDE for worktree and container auto-commits.

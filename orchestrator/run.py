@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .egress.summary import EgressSummary
 from .errors import OrchError
 from .spec import Launch, RunPlan
 
@@ -238,6 +239,8 @@ class RunResult(BaseModel):
     workspace: dict[str, Any]
     started_at: float | None
     ended_at: float | None
+    # what its commands reached through the egress proxy (an allow-list network), if any
+    egress: EgressSummary | None = None
 
     @property
     def exit_code(self) -> int:

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from .egress.rules import NetworkSetting
 from .workspaces.registry import WorkspaceConfig
 
 
@@ -85,6 +86,9 @@ class RunSpec(BaseModel):
     # Tools a driver grants the run beyond its agent's (a lead team's board tools); only
     # ``granted`` tools, and never more than its parent has.
     grants: list[str] = Field(default_factory=list)
+    # The run's network instead of its agent's (a team's, the CLI's); never wider than its
+    # parent's (egress.rules.Reach.meet).
+    network: NetworkSetting | None = None
 
 
 class RunPlan(BaseModel):

@@ -10,7 +10,8 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 =========================  =================================================================
 ``hooks``                  any hook (every event) differing from the user's: they run on the
                            host, and the repository's table replaces the user's hooks
-``network``                ``"host"``
+``network``                anything the user's does not reach (``"host"``, or an allow-list
+                           entry the user's list does not cover): narrowing needs no trust
 ``extra_env``              a variable the user's ``extra_env`` does not set to that value
 ``bash_deny``              drops a rule (pattern or check) of the user's list or the default
 ``extra_bash_deny``        drops a rule of the user's list
@@ -43,8 +44,9 @@ every limit                a numeric setting marked ``LIMIT`` in ``config.py`` (
 ``agents.NAME.max_turns``  user's (``~/.orch/agents``, the user's ``agents_dirs``) or a bundled
 ``agents.NAME.network``    agent of the same name with a weaker ``isolation`` (written, or
                            left out: ``shared``), more tools (or agents it may start), more
-                           turns, or another network; and any of its agents asking
-                           ``network: host``; found by ``agent_trust.py``, which sits above
+                           turns, or a wider network; and any of its agents asking a
+                           network the user's settings do not reach; found by
+                           ``agent_trust.py``, which sits above
                            ``definitions``
 =========================  =================================================================
 
@@ -91,6 +93,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .bwrap.find import KEYWORDS as BWRAP_KEYWORDS
+from .egress.rules import Reach
 from .errors import UsageError
 
 TRUST_FILE = "trusted.json"
@@ -302,7 +305,7 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
             found[name] = _jsonable(value)
 
     check("hooks", theirs.hooks, theirs.hooks != base.hooks)
-    check("network", theirs.network, theirs.network == "host" and base.network != "host")
+    check("network", theirs.network, not Reach.of(base.network).covers(Reach.of(theirs.network)))
     check("extra_env", theirs.extra_env, not theirs.extra_env.items() <= base.extra_env.items())
     check("bash_deny", theirs.bash_deny, _drops(_rules(base.bash_deny), _rules(theirs.bash_deny)))
     check(

@@ -32,6 +32,7 @@ RESULT_KEYS = {
     "workspace",
     "started_at",
     "ended_at",
+    "egress",  # what it reached through the egress proxy (None: it asked nothing)
 }
 
 

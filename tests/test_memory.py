@@ -132,14 +132,12 @@ def test_a_worktree_child_reads_the_users_checkout(repo: Path) -> None:
 def test_network_and_sandbox_facts_follow_the_settings(repo: Path) -> None:
     h = harness(repo, {"conversations": [{"turns": [{"text": "ok"}]}]}, network="host")
     system = h.requests_of(h.run().run_id)[0].system
-    assert "- Network: host (allowed by the user)." in system
+    assert "- Network: the machine's network (allowed by the user)." in system
     off = environment_section(root="/r", isolation="shared", agent="a", depth=0, max_depth=3,
-                              workspace={"os_sandbox": "off", "network": "none"},
-                              container_network="none")  # fmt: skip
+                              workspace={"os_sandbox": "off", "network": "none"})  # fmt: skip
     assert ".git is read-only" not in off and "without an OS sandbox" in off
     box = environment_section(root="/workspace", isolation="container", agent="a", depth=1,
-                              max_depth=3, workspace={"branch": "orch/a/123"},
-                              container_network="none")  # fmt: skip
+                              max_depth=3, workspace={"branch": "orch/a/123"})  # fmt: skip
     assert "A Docker container: /workspace is its own git repository on branch orch/a/123" in box
     assert "You may commit" in box and "- Network: none" in box
     assert ".git is read-only" not in box

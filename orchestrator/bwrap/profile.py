@@ -6,7 +6,8 @@ workspace (and ``extra_writable``); ``/tmp`` is a private tmpfs and ``/run``
 (where the Docker, containerd, D-Bus and systemd sockets live) an empty one;
 secrets (``hidden``) are covered; paths inside the workspace that steer the
 host (``read_only_within``: a ``.git`` dir or gitfile) stay read-only. The
-command gets fresh PID, IPC, UTS, cgroup (and, unless ``network``, network)
+command gets fresh PID, IPC, UTS, cgroup (and, unless ``network``, network:
+with ``egress``, only the egress proxy's socket, bound at ``SOCKET_INSIDE``)
 namespaces, no capabilities, no further user namespaces, a new session, and
 only the environment it is given: ``bwrap`` itself is started through
 ``env -i`` so that nothing of the caller's environment is left in any
@@ -37,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..egress.proxy import SOCKET_INSIDE
 from ..errors import OrchError
 from ..fs.realpath import resolved, resolved_lax
 from ..models import secret_env_prefixes
@@ -179,6 +181,7 @@ class OsSandbox:
     read_only_within: tuple[Path, ...] = ()
     hidden: tuple[Path, ...] = ()
     network: bool = False
+    egress: Path | None = None  # the egress proxy's socket, seen at ``SOCKET_INSIDE``
     env: Mapping[str, str] = field(default_factory=dict)
     bwrap: str = "auto"  # sandbox.bwrap: which bwrap runs it (``bwrapfind``)
 
@@ -214,6 +217,8 @@ class OsSandbox:
                     pinned.update(a for a in path.parents if a.is_relative_to(root) and a != root)
         for path in [*writable, *sorted(pinned - set(writable))]:
             add(path, _WRITABLE, ["--bind", str(path), str(path)])
+        if self.egress is not None and not self.network:
+            add(Path(SOCKET_INSIDE), _READ_ONLY, ["--bind", str(self.egress), SOCKET_INSIDE])
         if self.network:  # name resolution may live under the hidden /run
             resolv = _absolute(RESOLV_CONF)
             if resolv.is_relative_to(PRIVATE_RUN) and resolv.exists():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, load_settings_with_trust
+from ..egress.rules import AllowList, NetworkSetting, Reach, parse_setting
 from ..errors import OrchError
 from ..trust import AgentFloor, Trust, TrustCap
 
@@ -55,13 +56,16 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
     order += [bundled] if bundled else []
     found = _by_name(order)
     settings_turns = float("inf")  # an agent without maxTurns gets the settings' (any)
+    users_net = _network(user)
+    users = Reach.of(users_net)
     floors: list[AgentFloor] = []
     for name, entries in sorted(found.items()):
         path, d = entries[0]
         if not _inside(path, root):
             continue  # the user's (or bundled) agent wins
-        if d.network == "host":  # the machine's network for this agent's commands
-            floors.append(AgentFloor(name, path, "network", "host"))
+        wider = d.network is not None and not users.covers(Reach.of(d.network))
+        if wider:  # a network the user's settings do not reach
+            floors.append(AgentFloor(name, path, "network", _shown(d.network)))
         mine = next(((p, u) for p, u in entries[1:] if not _inside(p, root)), None)
         if mine is None:
             continue
@@ -74,9 +78,25 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
             floors.append(AgentFloor(name, path, "tools", tools, theirs_path, of_bundled))
         if (d.max_turns or settings_turns) > (u.max_turns or settings_turns):
             floors.append(AgentFloor(name, path, "max_turns", d.max_turns, theirs_path, of_bundled))
-        if d.network != u.network and d.network != "host" and u.network == "none":
-            floors.append(AgentFloor(name, path, "network", d.network, theirs_path, of_bundled))
+        mine_net = Reach.of(u.network or users_net)
+        # none written, where the user's pins one: whatever the settings will say
+        theirs_net = Reach.of(d.network or ("host" if u.network else users_net))
+        if not wider and not mine_net.covers(theirs_net):
+            shown = _shown(d.network or users_net)
+            floors.append(AgentFloor(name, path, "network", shown, theirs_path, of_bundled))
     return floors
+
+
+def _network(user: dict[str, Any]) -> NetworkSetting:
+    """The user's own ``network`` setting (unreadable: none; the settings loader says why)."""
+    try:
+        return parse_setting(user.get("network", "none"))
+    except ValueError:
+        return "none"
+
+
+def _shown(network: NetworkSetting | None) -> Any:
+    return network if not isinstance(network, AllowList) else network.model_dump(mode="json")
 
 
 def _more_tools(d: AgentDefinition, u: AgentDefinition) -> bool:
@@ -130,7 +150,10 @@ def guard(trust: Trust, catalog: Catalog) -> Catalog:
         if d is None or not _same_file(d.source, f.path):
             continue  # already replaced, or a --agents-dir of the user's wins
         if f.replaces is None:
-            note = "network 'host' left out: the repository is not trusted; see `orch trust --show`"
+            note = (
+                f"network {_shown(d.network)!r} left out (wider than the user's settings): "
+                "the repository is not trusted; see `orch trust --show`"
+            )
             catalog.agents[f.name] = d.model_copy(
                 update={"network": None, "warnings": [*d.warnings, note]}
             )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..egress.rules import NetworkSetting, parse_setting
 from ..errors import UsageError
 from ..mcpclient.names import EVERY, is_mcp, parts
 from .frontmatter import DefinitionError as DefinitionError  # re-exported: loaders raise it
@@ -89,7 +90,8 @@ class AgentDefinition(BaseModel):
     skills: list[str] = Field(default_factory=list)
     isolation: str | None = None  # a tier name from workspaces.registry
     agents: list[str] | None = None  # the agents it may start (``Task(a, b)``); None: any
-    network: str | None = None  # "host" or "none" for its commands; None: the settings' own
+    # its commands' network ("none", "host" or an allow-list); None: the settings' own
+    network: NetworkSetting | None = None
     background: bool = False
     color: str | None = None
     # its ``mcpServers``: a server declared elsewhere (None) or its own inline declaration
@@ -211,9 +213,12 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
     if isolation is not None and isolation not in TIER_NAMES:
         one_of = ", ".join(TIER_NAMES)
         raise p.error("isolation", f"'isolation' must be one of {one_of}, not {isolation!r}")
-    network = p.opt_str("network", "'network: host'")
-    if network is not None and network not in ("host", "none"):
-        raise p.error("network", f"'network' must be host or none, not {network!r}")
+    network = None
+    if p.data.get("network") is not None:
+        try:
+            network = parse_setting(p.data["network"])
+        except ValueError as e:
+            raise p.error("network", str(e)) from None
     mcp_servers: dict[str, Any] = {}
     if p.data.get("mcpServers") is not None:
         from ..mcpclient.declared import agent_servers

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..egress.rules import Reach
 from .definitions import AgentDefinition, Catalog, UnknownAgent
 
 DEFAULT_AGENT = "general"
@@ -47,9 +48,11 @@ you already ruled out), and the form of the answer you want back.
 isolation: shared (default: your own tier) works in your workspace; worktree: \
 its own checkout on a new branch that orch commits at the end, for you to review \
 and merge; container: the strongest isolation (Docker, no host directory shared; \
-work comes back as a branch), for untrusted code. No tier has network unless the \
-user allowed it: package installs fail by default. A child never runs in a weaker \
-tier than yours.
+work comes back as a branch), for untrusted code. A child never runs in a weaker \
+tier than yours, and never has a wider network: its agent's network (marked below), \
+else the user's setting, within yours (your Environment section says yours). By \
+default there is none: package installs fail. An allow-list reaches only the hosts \
+listed, through orch's proxy.
 
 run_in_background returns a task_id at once; you get a <task-notification> when \
 it ends and collect the result with task_output. Do not poll it; do other work. \
@@ -112,6 +115,8 @@ def agent_catalog(agents: Iterable[AgentDefinition], default: str = DEFAULT_AGEN
         if len(text) > DESCRIPTION_CHARS:
             text = text[: DESCRIPTION_CHARS - 1] + "…"
         mark = " (default)" if a.name == default else ""
+        if a.network is not None:
+            mark += f" [network: {_short(Reach.of(a.network))}]"
         line = f"- {a.name}{mark}: {text}"
         if size + len(line) > CATALOG_CHARS:
             lines.append(
@@ -135,10 +140,24 @@ def task_description(catalog: Catalog, caller: AgentDefinition) -> str:
     )
 
 
-def _network(mode: str) -> str:
-    if mode == "none":
+def _short(reach: Reach) -> str:
+    if reach.mode != "allow":
+        return reach.mode
+    return ", ".join(r.text for r in reach.layers[0])
+
+
+def _network(saved: object) -> str:
+    """The Environment line on a run's network (``saved``: its record's ``network``)."""
+    reach = Reach.from_info(saved)
+    if reach.mode == "none":
         return "- Network: none (package installs fail)."
-    return f"- Network: {mode} (allowed by the user)."
+    if reach.mode == "host":
+        return "- Network: the machine's network (allowed by the user)."
+    return (
+        f"- Network: {reach.describe()}. HTTP_PROXY and HTTPS_PROXY are set (pip, npm, "
+        "git over https, curl use them); anything else gets 403 with the reason, and a "
+        "direct connection fails."
+    )
 
 
 def environment_section(
@@ -149,7 +168,6 @@ def environment_section(
     depth: int,
     max_depth: int,
     workspace: Mapping[str, Any],
-    container_network: str,
 ) -> str:
     """The system prompt's facts about the run's tier: where the work goes, what ``.git``
     and the network allow, and who commits (``workspace``: the workspace's ``info()``)."""
@@ -166,7 +184,7 @@ def environment_section(
             f"- A Docker container: {root} is its own git repository on branch {branch} "
             "(nothing of the host is mounted). You may commit; when you end, orch commits "
             f"the rest (build artefacts aside) and brings {branch} out for review.",
-            _network(container_network),
+            _network(workspace.get("network", "none")),
         ]
     elif isolation == "worktree":
         lines.append(
@@ -174,14 +192,14 @@ def environment_section(
             f"change (build artefacts aside) to {branch} for review: do not commit yourself."
         )
         lines += [read_only] if sandboxed else []
-        lines.append(_network(str(workspace.get("network", "none"))))
+        lines.append(_network(workspace.get("network", "none")))
     else:
         lines.append(
             "- Shared workspace: your caller's directory (the user's for a root run), not a "
             "copy; your edits land there, uncommitted."
         )
         lines += [read_only] if sandboxed else []
-        lines.append(_network(str(workspace.get("network", "none"))))
+        lines.append(_network(workspace.get("network", "none")))
     if not sandboxed and isolation != "container":
         lines.append("- Commands run on the host without an OS sandbox (sandbox.os = off).")
     lines.append(

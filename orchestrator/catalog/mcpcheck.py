@@ -49,7 +49,6 @@ class _ReadOnly:
             description="orch agents validate",
             base=root,
             sandbox=settings.sandbox,
-            network="none",
         )
         self.shell = Shell(spec, root, read_only_within=(root,), hidden_within=(root / ".orch",))
 

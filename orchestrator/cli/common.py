@@ -18,10 +18,13 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
+from ..egress.summary import summarize
+from ..egress.summary import text as egress_text
 from ..errors import OrchError
 from ..process import opened
 from ..process.opened import Project
-from ..run import RunRecord, RunStatus
+from ..run import RunRecord, RunResult, RunStatus
+from ..store import RunStore
 from ..trust import Trust, TrustCap
 from .safe import safe_text, shown
 
@@ -162,7 +165,29 @@ def tier_notes(workspace: dict[str, Any]) -> str:
         notes.append("unsandboxed")
     if workspace.get("network") == "host":
         notes.append("network")
+    elif isinstance(workspace.get("network"), dict):
+        notes.append("allow-listed network")
     return f" ({', '.join(notes)})" if notes else ""
+
+
+def with_egress(store: RunStore, result: RunResult) -> RunResult:
+    """``result`` with what its run reached through the egress proxy (its ``egress``
+    events), when it asked for anything."""
+    asked = [
+        e["data"]
+        for e in store.events(result.run_id)
+        if e.get("kind") == "egress" and isinstance(e.get("data"), dict)
+    ]
+    if asked:
+        result.egress = summarize(asked)
+    return result
+
+
+def egress_line(result: RunResult) -> Text | None:
+    """``network: ...`` for a person, when the run asked the egress proxy for anything."""
+    if result.egress is None:
+        return None
+    return safe_text(f"network: {egress_text(result.egress)}", "dim")
 
 
 def run_label(r: RunRecord) -> Text:

@@ -27,6 +27,7 @@ from .common import (
     WorkdirOpt,
     budget_line,
     chain_tree,
+    egress_line,
     err,
     handles_errors,
     open_project,
@@ -34,6 +35,7 @@ from .common import (
     print_json,
     run_label,
     stop_on_sigterm,
+    with_egress,
 )
 from .helpstyle import OrchGroup
 from .live import branch_lines, live_view, run_tree
@@ -94,7 +96,7 @@ def is_git_repo(path: Path) -> bool:
 def report(
     project: Project, record: RunRecord, as_json: bool, script: ScriptedModel | None
 ) -> None:
-    result = record.result()
+    result = with_egress(project.store, record.result())
     code = result.exit_code
     if as_json:
         print_json(result.model_dump(mode="json"))
@@ -104,6 +106,8 @@ def report(
         runs = [record, *project.store.descendants(record.run_id)]
         for line in branch_lines(runs):  # on stderr: stdout stays the answer alone
             err.print(line)
+        if (network := egress_line(result)) is not None:
+            err.print(network)
         if result.status != RunStatus.SUCCEEDED:
             err.print(safe_text(f"orch: run {result.run_id} {result.status.value}: {result.error}"))
     if script is not None and result.status == RunStatus.SUCCEEDED:
@@ -377,7 +381,7 @@ def result(
         if ticks % 5 == 0:
             reconcile(project.store)
         record = project.store.require_run(record.run_id)
-    res: RunResult = record.result()
+    res: RunResult = with_egress(project.store, record.result())
     full = project.store.output(record.run_id)
     if full is not None:
         res.summary = full
@@ -390,6 +394,8 @@ def result(
         out.print(safe_text(res.summary or "(no text yet)", multiline=True))
         for line in branch_lines([record]):
             out.print(line)
+        if (network := egress_line(res)) is not None:
+            out.print(network)
     raise typer.Exit(res.exit_code if record.status.ended else 0)
 
 

@@ -130,7 +130,7 @@ def validate(
     workdir: WorkdirOpt = None,
 ) -> None:
     """Check team files against the agents here; exit 1 when one is wrong."""
-    from ..teams.plan import TEAMS_DIR, check_file_models, check_plan, load_team, make_plan
+    from ..teams.plan import TEAMS_DIR, check_file_trust, check_plan, load_team, make_plan
     from ..teams.plan import team_names as names_of
 
     project = open_project(workdir)
@@ -142,7 +142,9 @@ def validate(
     for team in names:
         try:
             file = load_team(project.root, team)
-            check_file_models(file, f"{TEAMS_DIR}/{team}.toml", trusted=project.trust.honoured)
+            where = f"{TEAMS_DIR}/{team}.toml"
+            trusted, network = project.trust.honoured, project.settings.network
+            check_file_trust(file, where, trusted=trusted, network=network)
             check_plan(make_plan(file, team), catalog, tools)
         except UsageError as e:
             bad += 1
@@ -216,7 +218,7 @@ def run(
     from ..models import ModelProvider, portable
     from ..process.command import make_runner
     from ..teams.driver import base_commit, team_spec
-    from ..teams.plan import TEAMS_DIR, check_file_models, check_plan, load_team, make_plan
+    from ..teams.plan import TEAMS_DIR, check_file_trust, check_plan, load_team, make_plan
     from ..teams.progress import read_result
 
     if not prompt.strip():
@@ -227,7 +229,8 @@ def run(
     file = load_team(project.root, team) if team is not None else None
     if file is not None:
         where = f"{TEAMS_DIR}/{team}.toml"
-        check_file_models(file, where, trusted=project.trust.honoured)
+        trusted, network = project.trust.honoured, project.settings.network
+        check_file_trust(file, where, trusted=trusted, network=network)
     mode = "squash" if squash else {True: "merge", False: "none", None: None}[merge]
     plan = make_plan(
         file,

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..egress import summary as egress
+from ..egress.rules import Reach
 from ..errors import OrchError
 from ..process.listing import ps_row, tree_order
 from ..project.repo import discover
@@ -41,7 +43,8 @@ def changes(store: RunStore, since: float) -> list[dict[str, Any]]:
 
 def run(store: RunStore, root: Path, record: RunRecord) -> dict[str, Any]:
     """One run whole: its record, latest events, conversation, output, team, branch diff."""
-    events = store.events(record.run_id)[-MAX_EVENTS:]
+    every = store.events(record.run_id)
+    events = every[-MAX_EVENTS:]
     team = None
     try:
         found = read_result(store, record)
@@ -56,6 +59,21 @@ def run(store: RunStore, root: Path, record: RunRecord) -> dict[str, Any]:
         "output": store.output(record.run_id) or record.output,
         "team": team,
         "diff": diff(root, record),
+        "network": network(record, every),
+    }
+
+
+def network(record: RunRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run's commands may reach, and what they asked the egress proxy for."""
+    asked = [e for e in events if e.get("kind") == "egress" and isinstance(e.get("data"), dict)]
+    reach = Reach.from_info((record.workspace or {}).get("network"))
+    return {
+        "reach": reach.describe(),
+        "summary": egress.text(egress.summarize(e["data"] for e in asked)),
+        "requests": [
+            {"at": e.get("at"), "allowed": e["data"].get("allowed"), "line": egress.line(e["data"])}
+            for e in asked[-MAX_EVENTS:]
+        ],
     }
 
 

@@ -198,6 +198,7 @@ class Admission:
                 "workspace": tier,
                 "driver": spec.driver or before.driver,
                 "grants": spec.grants or before.grants,
+                "network": spec.network or before.network,
             }
         )
 

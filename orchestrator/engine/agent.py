@@ -192,7 +192,6 @@ class AgentRun:
                 depth=ctx.record.depth,
                 max_depth=ctx.record.max_depth,
                 workspace=ctx.record.workspace,
-                container_network=ctx.settings.sandbox.network_mode,
             )
         )
         if memory:

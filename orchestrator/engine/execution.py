@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,8 @@ from typing import Protocol
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..catalog.guidance import resolve_agent
 from ..config import Settings
+from ..egress.proxy import Egress
+from ..egress.rules import Reach
 from ..errors import OrchError
 from ..models import ModelProvider
 from ..policy.checks import Policy, run_hooks
@@ -74,6 +76,7 @@ class Host(Engine, Protocol):
     held: dict[str, str]
     live: dict[str, LiveRun]  # the runs of this process that have not ended
     seats: dict[str, BoardSeat]  # run id -> its seat on a lead team's board
+    egress: Egress  # the process's egress proxy (runs whose network is an allow-list)
 
     def child_env(self) -> dict[str, str]: ...
 
@@ -125,7 +128,8 @@ class Execution:
             record,
             base=spec.workdir,
             sink=store,
-            network=definition.network,
+            network=self._reach(record),
+            egress=None,  # set by _door, when the network is an allow-list
             state_dir=self.host.state_dir(spec.workdir),
             store_paths=self.host.store_paths(spec.workdir),
             parent=self._parent_workspace(),
@@ -136,7 +140,7 @@ class Execution:
         try:
             workspace = self.host.provision(spec.workspace, wspec)
             self.live.workspace = workspace
-            async with workspace as ws:
+            async with self._door(wspec), workspace as ws:
                 info = ws.info()  # progress, as the start: the run's own copy says the same
                 store.patch_run(record.run_id, workspace=info)
                 record = record.model_copy(update={**started, "workspace": info})
@@ -184,6 +188,31 @@ class Execution:
         except Exception as e:  # never leave a run `running` behind a crash of ours
             outcome = LoopOutcome(RunStatus.FAILED, outcome.text, f"{type(e).__name__}: {e}")
         return self.finish(ctx, outcome, workspace)
+
+    def _reach(self, record: RunRecord) -> Reach:
+        """What the run's commands reach: the spawner's word, else its agent's, else the
+        settings' network; never wider than its parent's (as the parent's record says)."""
+        asked = self.live.spec.network or self.definition.network or self.settings.network
+        reach = Reach.of(asked)
+        if record.parent_run_id is None:
+            return reach
+        parent = self.store.get_run(record.parent_run_id)
+        held = (parent.workspace or {}).get("network") if parent is not None else None
+        return reach.meet(Reach.from_info(held))  # no record of it: no network
+
+    @contextlib.asynccontextmanager
+    async def _door(self, wspec: WorkspaceSpec) -> AsyncIterator[None]:
+        """The run's door to the egress proxy around its workspace (an allow-list only);
+        each request an ``egress`` event of the run."""
+        if wspec.network.mode != "allow":
+            yield
+            return
+        run_id, store = wspec.run_id, self.store
+        async with self.host.egress.door(
+            wspec.network, lambda event: store.add_event(run_id, "egress", event)
+        ) as door:
+            wspec.egress = door
+            yield
 
     def _env(self, record: RunRecord) -> dict[str, str]:
         """The environment of the run's commands and servers (the tier whitelists it)."""

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..config import Settings
+from ..egress.proxy import Egress
 from ..errors import OrchError
 from ..models import ModelProvider
 from ..policy.checks import scrubbed_env
@@ -111,6 +112,7 @@ class Runner:
         self.provision: Provision = provision or (lambda config, spec: config.provision(spec))
         self.executor = executor  # None: every run executes in this process
         self.drivers: dict[str, DriverFactory] = dict(drivers or {})
+        self.egress = Egress()  # one egress proxy for the process's runs, while any needs it
         self.seats: dict[str, BoardSeat] = {}  # run id -> its seat on a lead team's board
         self.live: dict[str, LiveRun] = {}  # runs admitted or adopted here, not yet ended
         self.held: dict[str, str] = {}  # run id -> the status its ending held back (on a node)

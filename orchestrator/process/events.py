@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ..egress.summary import line as egress_line
 from ..run import RunRecord, first_line
 from ..store import RunStore
 from ..untrusted import one_line, shown
@@ -140,6 +141,8 @@ def summary(kind: str, data: dict[str, Any], children: dict[str, str] | None = N
         return f"SubagentStop hook: {prose(data.get('message'))}"
     if kind.startswith("team_") or kind == "gate_result":
         return _team(kind, data)
+    if kind == "egress":
+        return egress_line(data)
     return json.dumps(data, ensure_ascii=False, default=str)
 
 

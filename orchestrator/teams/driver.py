@@ -93,7 +93,7 @@ class TeamDriver:
             system_prompt="",
             source="orch team",
         )
-        self.writer_network = runner.catalog.agent(plan.writer).network
+        self.writer_network = plan.network or runner.catalog.agent(plan.writer).network
 
     # -- the run ------------------------------------------------------------------------
     async def drive(self, run: Driven) -> LoopOutcome:
@@ -396,6 +396,7 @@ def team_spec(prompt: str, workdir: Path, plan: TeamPlan, *, background: bool = 
         driver=DriverCall(kind=KIND, params=plan.model_dump(mode="json")),
         # a lead team's root holds the board tools its lead and teammates are granted
         grants=[*LEAD_TOOLS, *TEAMMATE_TOOLS] if plan.lead is not None else [],
+        network=plan.network,  # its members' (none set: each agent's own)
     )
 
 

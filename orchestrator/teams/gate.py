@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..catalog.definitions import AgentDefinition
+from ..egress.rules import NetworkSetting
 from ..engine.agent import LoopOutcome
 from ..engine.runner import Driven
 from ..run import RunRecord, RunStatus
@@ -85,7 +86,7 @@ def tail(text: str, limit: int = OUTPUT_KEPT) -> str:
 class GateDriver:
     """The body of a gate run: the command, once, in the run's workspace."""
 
-    def __init__(self, command: str, timeout_s: float, network: str | None) -> None:
+    def __init__(self, command: str, timeout_s: float, network: NetworkSetting | None) -> None:
         self.command = command
         self.timeout_s = timeout_s
         self.definition = AgentDefinition(

@@ -222,7 +222,7 @@ class LeadDriver(TeamDriver):
             workspace=tier,
             grants=list(LEAD_TOOLS),
         )
-        handle = await self.runner.spawn(spec)
+        handle = await self.crew.spawn(spec)
         self._seated(handle.record, "lead", "lead")
         for note in self.board.take_pending("lead"):
             self.runner.notify(handle.record.run_id, note)
@@ -256,7 +256,7 @@ class LeadDriver(TeamDriver):
             workspace=tier,
             grants=list(TEAMMATE_TOOLS),
         )
-        handle = await self.runner.spawn(spec)
+        handle = await self.crew.spawn(spec)
         rid = handle.record.run_id
         self._seated(handle.record, name, "teammate")
         try:

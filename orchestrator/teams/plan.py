@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from ..catalog.definitions import Catalog
+from ..egress.rules import NetworkSetting
 from ..errors import UsageError
 from ..fs.safefs import Beneath, TooManyEntries, UnsafePath
 from ..tools.base import ToolRegistry
@@ -67,6 +68,9 @@ class TeamFile(BaseModel):
     # writers (the ``writer`` agent) claim; each task is gated, reviewed and merged.
     lead: StrictStr | None = None
     teammates: int = Field(default=2, ge=1, le=MAX_WRITERS, strict=True)
+    # Every member's network instead of its agent's (egress/rules.py); a repository's team
+    # may not reach wider than the user's settings unless trusted.
+    network: NetworkSetting | None = None
 
 
 class TeamPlan(TeamFile):
@@ -191,11 +195,21 @@ def check_plan(plan: TeamPlan, catalog: Catalog, tools: ToolRegistry) -> None:
         raise UsageError(f"{who}: gate holds a NUL character, which no command can; remove it")
 
 
-def check_file_models(file: TeamFile, where: str, *, trusted: bool) -> None:
-    """A repository's team file may name a model that reads a host file (a script) only once
-    the repository is trusted, like its ``orch.toml`` (``trust.py``)."""
+def check_file_trust(
+    file: TeamFile, where: str, *, trusted: bool, network: NetworkSetting = "none"
+) -> None:
+    """A repository's team file may name a model that reads a host file (a script), or a
+    network wider than the settings' ``network``, only once the repository is trusted, like
+    its ``orch.toml`` (``trust.py``)."""
+    from ..egress.rules import Reach
     from ..models.registry import reads_host
 
+    wide = file.network is not None and not Reach.of(network).covers(Reach.of(file.network))
+    if wide and not trusted:
+        raise UsageError(
+            f"{where}: network reaches wider than this machine's settings allow; a "
+            "repository's team may widen it only once trusted (`orch trust`)"
+        )
     for role, model in (("writer", file.models.writer), ("reviewers", file.models.reviewers)):
         if model is not None and reads_host(model) and not trusted:
             raise UsageError(

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from ..egress.rules import NetworkSetting
+from ..engine.delegation import RunHandle
 from ..engine.runner import Runner
 from ..errors import OrchError
 from ..project.git import RepoPaths
@@ -64,7 +66,7 @@ class Crew:
     workdir: Path
     repo: RepoPaths
     plan: TeamPlan
-    writer_network: str | None
+    writer_network: NetworkSetting | None
     runs: list[TeamRun] = field(default_factory=list)
 
     @property
@@ -73,7 +75,13 @@ class Crew:
 
     async def child(self, spec: RunSpec, driver: gates.GateDriver | None = None) -> RunRecord:
         """Start a member run as a child of the root and wait for its end."""
-        return await self.runner.wait(await self.runner.spawn(spec, driver=driver))
+        return await self.runner.wait(await self.spawn(spec, driver))
+
+    async def spawn(self, spec: RunSpec, driver: gates.GateDriver | None = None) -> RunHandle:
+        """Start a member run: with the team's network when the team file sets one."""
+        if self.plan.network is not None:
+            spec = spec.model_copy(update={"network": self.plan.network})
+        return await self.runner.spawn(spec, driver=driver)
 
     def ran(self, n: int, role: Role, rec: RunRecord, candidate: int | None = None) -> None:
         self.runs.append(

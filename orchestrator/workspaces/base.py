@@ -26,6 +26,8 @@ from typing import Any, ClassVar, Protocol, Self
 from pydantic import BaseModel, ConfigDict
 
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
+from ..egress.proxy import Door
+from ..egress.rules import Reach
 from ..project.statedir import sign
 from .piped import Piped
 
@@ -96,7 +98,8 @@ class WorkspaceSpec:
     base: Path  # the spawner's workspace root: the user's tree for a root run
     sink: ResourceSink = field(default_factory=NullSink)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # validated once
-    network: str = "none"  # "host": host-tier commands reach the network
+    network: Reach = field(default_factory=lambda: Reach("none"))  # what commands reach
+    egress: Door | None = None  # the run's way through the egress proxy (an allow-list)
     include: tuple[str, ...] = ()  # untracked files copied in, besides ``.worktreeinclude``
     extra_env: Mapping[str, str] = field(default_factory=dict)  # given to host-tier commands
     commit_exclude: tuple[str, ...] = tuple(DEFAULT_COMMIT_EXCLUDE)  # left out of auto-commits
@@ -116,13 +119,16 @@ class WorkspaceSpec:
         *,
         base: Path,
         sink: ResourceSink,
-        network: str | None,
+        network: Reach,
+        egress: Door | None,
         state_dir: Path,
         store_paths: Sequence[str | Path],
         parent: Workspace | None,
     ) -> WorkspaceSpec:
-        """The spec of one run from the settings (``network``: the agent definition's, else
-        the settings'); ``parent``: the spawner's open workspace, if any."""
+        """The spec of one run from the settings; ``network``: what its commands reach (its
+        agent's or the settings', never wider than its parent's), and ``egress`` its door
+        to the egress proxy when that is an allow-list; ``parent``: the spawner's open
+        workspace, if any."""
         return cls(
             run_id=run.run_id,
             chain_id=run.chain_id,
@@ -131,7 +137,8 @@ class WorkspaceSpec:
             base=base,
             sink=sink,
             sandbox=settings.sandbox,
-            network=network or settings.network,
+            network=network,
+            egress=egress,
             include=tuple(settings.worktree_include),
             extra_env=dict(settings.extra_env),
             commit_exclude=(*DEFAULT_COMMIT_EXCLUDE, *settings.commit_exclude),

@@ -1,11 +1,11 @@
 """The host tiers' execution: commands under the OS sandbox, files opened race-free.
 
 :func:`confined` wraps a host-tier command in bubblewrap (``osbox``; ``spare.Shell``
-runs it, in a sandbox made ahead where it can): the
-filesystem read-only but the workspace, ``.git`` read-only, a private ``/tmp``
-and ``/proc`` (orch's process is not visible), no network unless ``network =
-"host"``, a whitelisted environment (never an API key), secret paths and the
-store hidden. Without bwrap it fails closed, unless ``sandbox.os = "off"``.
+runs it, in a sandbox made ahead where it can): the filesystem read-only but the workspace,
+``.git`` read-only, a private ``/tmp`` and ``/proc`` (orch's process is not visible), no
+network unless ``network = "host"`` (an allow-list: only orch's egress proxy, through a
+bridge in the sandbox: ``egress``), a whitelisted environment (never an API key), secret
+paths and the store hidden. Without bwrap it fails closed, unless ``sandbox.os = "off"``.
 
 Every file operation goes through :mod:`orchestrator.fs.safefs`: the path is opened
 beneath the workspace root's directory descriptor, no symlink is followed and
@@ -72,7 +72,7 @@ def confinement(spec: WorkspaceSpec) -> dict[str, Any]:
     if spec.sandbox.os == "bwrap":
         choice = bwrap_choice(spec.sandbox.bwrap)
         bwrap = BwrapUsed(path=choice.path, version=choice.version, source=choice.source)
-    return {"os_sandbox": spec.sandbox.os, "bwrap": bwrap, "network": spec.network}
+    return {"os_sandbox": spec.sandbox.os, "bwrap": bwrap, "network": spec.network.info()}
 
 
 def confined(
@@ -92,6 +92,11 @@ def confined(
     when ``sandbox.os = "off"``."""
     cfg = spec.sandbox
     if cfg.os == "off":
+        if spec.egress is not None:  # nothing would keep its commands to the list
+            raise OrchError(
+                'a network allow-list needs the OS sandbox: set sandbox.os = "bwrap" (or '
+                'network = "host" to run unsandboxed on the whole network)'
+            )
         return argv, env
     chain = {k: env[k] for k in CHAIN_ENV if k in env}
     box_env = {**sandbox_env(env, chain), **spec.extra_env}
@@ -106,11 +111,16 @@ def confined(
     # exist cannot be, and would show once made during the command: make it now
     with contextlib.suppress(OSError):
         (Path(os.environ.get("HOME") or home) / ".orch").mkdir(mode=0o700, exist_ok=True)
+    door = spec.egress
+    if door is not None:  # no network of its own: the bridge to the proxy, and its address
+        box_env |= door.env()
+        argv = door.wrap(argv, sys.executable)
     box = OsSandbox(
         workspace=workspace,
         read_only_within=(*read_only_within, *ORCH_ITSELF),
         hidden=default_hidden(None, *hidden),
-        network=spec.network == "host",
+        network=spec.network.mode == "host",
+        egress=door.socket if door is not None else None,
         env=box_env,
         bwrap=cfg.bwrap,
     )

@@ -22,6 +22,7 @@ class Saved(BaseModel):
 
     isolation: str
     root: str = ""  # where the run works (a host path; ``/workspace`` in a container)
+    network: str | dict[str, Any] = "none"  # what its commands reach (``Reach.info``)
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -40,7 +41,6 @@ class Confined(Saved):
 
     os_sandbox: str = "bwrap"
     bwrap: BwrapUsed | None = None
-    network: str = "none"
 
 
 class BranchState(Saved):

@@ -200,9 +200,23 @@ async function drawRun(runId) {
     section("Result", el("pre", {}, d.output || r.error || "(none yet)")),
     section("Evidence", el("pre", {}, JSON.stringify(r.evidence, null, 2))),
     d.diff ? section(`Branch ${d.diff.branch}`, el("pre", {}, d.diff.text)) : null,
+    networkSection(d.network),
     section("Conversation", ...conversation(d.transcript)),
     section("Events", el("pre", {}, d.events.map((e) => `${new Date(e.at * 1000).toLocaleTimeString()} ${e.kind} ${JSON.stringify(e.data)}`).join("\n"))),
   );
+}
+
+function networkSection(n) {
+  if (!n) return null;
+  const rows = n.requests.map((q) =>
+    el("li", { class: q.allowed ? "egress-allowed" : "egress-refused" },
+      `${new Date(q.at * 1000).toLocaleTimeString()} ${q.line}`));
+  const list = el("ul", {}, ...rows);
+  list.id = "egress";
+  return section("Network",
+    el("p", {}, n.reach),
+    n.summary ? el("p", {}, n.summary) : null,
+    rows.length ? list : null);
 }
 
 async function showRun(runId) {

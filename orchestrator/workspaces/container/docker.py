@@ -12,9 +12,11 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from ...config import SandboxSettings
+from ...egress.proxy import SOCKET_INSIDE
 from ...errors import OrchError, UsageError
 from ..base import process_start
 
@@ -131,13 +133,20 @@ def resource_ref(container_id: str, labels: Mapping[str, str]) -> str:
 
 
 def create_container(
-    client: Any, cfg: SandboxSettings, uid: int, gid: int, labels: dict[str, str]
+    client: Any,
+    cfg: SandboxSettings,
+    uid: int,
+    gid: int,
+    labels: dict[str, str],
+    egress: Path | None = None,
 ) -> str:
     """Create (not start) a locked-down container; returns its id (blocking).
 
     No host directory (and no volume) is mounted: ``/workspace``, ``/tmp`` and ``$HOME``
     are tmpfs (the workspace owned by the sandbox user, ``sandbox.workspace_size``); the
-    root filesystem is read-only.
+    root filesystem is read-only. ``egress``: the egress proxy's socket, mounted at
+    ``SOCKET_INSIDE`` (the only way out: the network is then ``none`` whatever
+    ``sandbox.network_mode`` says).
     """
     api = client.api
     owned = f"uid={uid},gid={gid}"
@@ -146,8 +155,12 @@ def create_container(
         WORKSPACE: f"{TMPFS},size={cfg.workspace_size},{owned},mode=0755",
         cfg.home: f"{TMPFS},size={cfg.home_size},{owned},mode=0700",
     }
+    lockdown = cfg.model_dump(include=HOST_CONFIG)  # as the settings name it
+    if egress is not None:
+        lockdown["network_mode"] = "none"
     host = api.create_host_config(
-        **cfg.model_dump(include=HOST_CONFIG),  # the lockdown, as the settings name it
+        **lockdown,
+        binds={str(egress): {"bind": SOCKET_INSIDE, "mode": "rw"}} if egress else None,
         memswap_limit=cfg.memswap_limit or cfg.mem_limit,
         nano_cpus=int(cfg.cpus * 1e9),
         auto_remove=True,

@@ -166,6 +166,8 @@ class Sandbox:
         self._revive = False  # the server broke after it answered: start another one
         self._restarts = 2  # how many times
         self._visible: bool | None = None  # see _seen
+        self.extra_env: dict[str, str] = {}  # set in every command (the egress proxy's)
+        self._daemons: list[Any] = []  # long-lived execs' streams (start_daemon)
 
     def start_server(self) -> None:
         """Start the container's program server (:mod:`.inside.server`; a few ms, it greets
@@ -178,6 +180,36 @@ class Sandbox:
         if self.server is not None:
             self.server.close()
             self.server = None
+        for kept in self._daemons:
+            with contextlib.suppress(Exception):
+                kept.close()
+        self._daemons.clear()  # (each exec's socket and its wrapper)
+
+    def start_daemon(self, argv: list[str], ready: bytes, timeout_s: float) -> None:
+        """Start ``argv`` as a long-lived exec of its own (blocking) and wait until its
+        stdout says ``ready``; OrchError with its last words if it does not. Started from
+        outside, it is no command's leftover (``kill_sessions`` spares it); the container's
+        removal ends it."""
+        api = self.client.api
+        with docker_errors(self.cfg.image):
+            exec_id = create_exec(api, self.container_id, argv, user=self.user, env={})
+            wrapped = api.exec_start(exec_id, socket=True)
+        sock = getattr(wrapped, "_sock", wrapped)
+        said, deadline = bytearray(), time.monotonic() + timeout_s
+        try:
+            while ready not in said and len(said) < 65536:
+                sock.settimeout(max(0.05, deadline - time.monotonic()))
+                header = recv_exact(sock, 8)
+                if len(header) < 8:
+                    break
+                said += recv_exact(sock, struct.unpack(">BxxxL", header)[1])
+        except OSError:  # TimeoutError too
+            pass
+        self._daemons += [sock, wrapped]
+        if ready not in said:
+            self.close()
+            last = bytes(said).decode("utf-8", "replace").strip().splitlines() or ["no answer"]
+            raise OrchError(last[-1][:200])
 
     async def _api(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def call() -> T:
@@ -199,7 +231,7 @@ class Sandbox:
             k: v
             for k, v in env.items()
             if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")
-        }
+        } | self.extra_env
         oom_before = oom_kills(cid)
         argv = [self.cfg.shell, "-c", command]
         end = time.monotonic() + timeout_s

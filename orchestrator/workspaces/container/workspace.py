@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from ...egress.proxy import Door
 from ...errors import OrchError, UsageError
 from ...project.git import git
 from ...project.repo import locate, rev
@@ -136,8 +137,15 @@ class ContainerWorkspace(Shielded):
             pooled=self.pooled,
             bundle_max_bytes=self.cfg.bundle_max_bytes,
             discard=self.spec.discard,
+            network=self._network(),
         )
         return saved.dump()
+
+    def _network(self) -> str | dict[str, Any]:
+        """What its commands reach: the allow-list, else Docker's ``network_mode``."""
+        if self.spec.network.mode == "allow":
+            return self.spec.network.info()
+        return "none" if self.cfg.network_mode == "none" else "host"
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
@@ -167,7 +175,8 @@ class ContainerWorkspace(Shielded):
         includes_task = asyncio.create_task(self._includes())
         try:
             self._client = await asyncio.to_thread(docker_client)
-            warm = await claim_warm(self.cfg, spec.chain_id)
+            # a pool's containers have no way to the egress proxy: an allow-list makes its own
+            warm = await claim_warm(self.cfg, spec.chain_id) if spec.egress is None else None
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
                 ref = resource_ref(warm.container_id, {TOKEN: warm.token})
@@ -176,7 +185,13 @@ class ContainerWorkspace(Shielded):
             else:
                 labels = owner_labels(spec.run_id, spec.chain_id, spec.agent)
                 self.container_id = await asyncio.to_thread(
-                    create_container, self._client, self.cfg, self.uid, self.gid, labels
+                    create_container,
+                    self._client,
+                    self.cfg,
+                    self.uid,
+                    self.gid,
+                    labels,
+                    spec.egress.socket if spec.egress is not None else None,
                 )
                 self._ref = sign(spec.run_id, "container", resource_ref(self.container_id, labels))
                 self._register()
@@ -194,6 +209,8 @@ class ContainerWorkspace(Shielded):
             await self._fill(archive)
         finally:
             await asyncio.to_thread(staging.remove)
+        if spec.egress is not None:
+            await self._bridge(spec.egress)
         if self.box.server is None:  # it starts (and greets) during the model's first turn
             await asyncio.to_thread(self.box.start_server)
         self._ready = True
@@ -231,6 +248,19 @@ class ContainerWorkspace(Shielded):
                 "make a first commit or use isolation 'shared'"
             )
         self.start = self.base_commit = head
+
+    async def _bridge(self, door: Door) -> None:
+        """The egress bridge, started once: the container's ``127.0.0.1:BRIDGE_PORT`` to
+        the proxy's socket; then every command gets the proxy variables."""
+        assert self.box is not None
+        try:
+            await asyncio.to_thread(self.box.start_daemon, door.daemon(), b"ready\n", 30)
+        except OrchError as e:
+            raise OrchError(
+                f"the egress bridge did not start in image {self.cfg.image} (a network "
+                f"allow-list needs python3 in the image): {e}"
+            ) from None
+        self.box.extra_env = door.env()
 
     async def _includes(self) -> tuple[Path, Staging]:
         """The archive to put into /workspace (bundle + includes), in a host temp dir."""
