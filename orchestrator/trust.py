@@ -176,11 +176,13 @@ class TrustCap:
 
 @dataclass(frozen=True)
 class AgentFloor:
-    """A repository's agent file that weakens what it replaces, or asks the host's network.
+    """A repository's agent file that weakens what it replaces, or asks a network the
+    user's settings do not reach; or (``kind`` "teams") a team file that asks such a
+    network or a model that reads a host file.
 
-    ``key`` is what it weakens (``isolation``, ``tools`` or ``network``) and ``value`` its
-    own value of that; ``replaces`` the file of the user's (or bundled) agent it replaces,
-    or None for an agent of the repository's own that asks ``network: host``."""
+    ``key`` is what it weakens (``isolation``, ``tools``, ``network``, ``models``...) and
+    ``value`` its own value of that; ``replaces`` the file of the user's (or bundled) agent
+    it replaces, or None for a definition of the repository's own."""
 
     name: str
     path: Path
@@ -188,6 +190,7 @@ class AgentFloor:
     value: Any
     replaces: Path | None = None
     bundled: bool = False  # ``replaces`` is a bundled agent
+    kind: str = "agents"  # or "teams"
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,7 @@ def gate(
                 if raised:
                     relevant[name] = _jsonable(value)
     for f in floors:
-        relevant[f"agents.{f.name}.{f.key}"] = {"file": _shown_path(f.path, root), f.key: f.value}
+        relevant[f"{f.kind}.{f.name}.{f.key}"] = {"file": _shown_path(f.path, root), f.key: f.value}
     if not relevant:
         return repo, Trust(root=root)
     digest = digest_of(relevant)

@@ -327,3 +327,43 @@ def test_an_untrusted_repository_narrows_the_list_but_cannot_widen_it(
     narrowed, _, _ = run()
     assert narrowed["workspace"]["network"] == {"allow": [f"127.0.0.1:{other}"]}
     assert narrowed["egress"]["allowed"] == 1 and narrowed["egress"]["refused"] == 1
+
+
+def test_a_team_files_network_is_every_members_and_needs_trust_to_widen(
+    tmp_path: Path, servers: tuple[int, int]
+) -> None:
+    """A team file's network: the writer and the gate reach the allowed port (the gate's
+    fetch passes only through the proxy); from an untrusted repository, a list the user's
+    settings do not cover is refused with one line, until trusted."""
+    from tests.test_team import FIXED, review, verdict, writer
+
+    allowed, _ = servers
+    repo = init_repo(tmp_path / "team", {"calc.py": "x = 1\n"})
+    teams = repo / ".orch" / "teams"
+    teams.mkdir(parents=True)
+    gate = fetch(f"http://127.0.0.1:{allowed}/gate") + " | grep -q BODY"
+    (teams / "net.toml").write_text(
+        f'network = {{ allow = ["127.0.0.1:{allowed}"] }}\ngate = {json.dumps(gate)}\n'
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "team")
+    r = orch("team", "validate", "net", cwd=repo)
+    notice, error = r.stderr.strip().splitlines()  # what is left out, then the refusal
+    assert r.returncode != 0 and "teams.net.network" in notice and "orch trust" in notice
+    assert "network reaches wider than this machine's settings" in error
+    assert orch("trust", cwd=repo).returncode == 0
+    assert orch("team", "validate", "net", cwd=repo).returncode == 0
+    write = writer(FIXED, "done")
+    write["turns"].insert(0, {"tool_calls": [bash(fetch(f"http://127.0.0.1:{allowed}/w"))]})
+    conversations = [write, review(verdict("approve", "Good."))]
+    script = write_script(repo, {"conversations": conversations})
+    r = orch("team", "run", "--team", "net", "fix", "--json", "--model", f"scripted:{script}",
+             cwd=repo, timeout=180)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["approved"], result
+    runs = {x["role"]: x["run_id"] for x in result["runs"]}
+    for role in ("writer", "gate"):
+        record = json.loads(orch("result", runs[role], "--json", cwd=repo).stdout)
+        assert record["workspace"]["network"] == {"allow": [f"127.0.0.1:{allowed}"]}, role
+        assert record["egress"]["allowed"] == 1, (role, record["egress"])

@@ -285,12 +285,12 @@ def test_a_gate_with_a_nul_byte_is_refused_up_front(repo: Path) -> None:
 
 
 def test_a_team_name_with_a_trailing_newline_is_not_a_team_name(repo: Path) -> None:
-    """plan._NAME ends in '$', which also matches before a final newline: a file named
+    """teamfiles._NAME ends in '$', which also matches before a final newline: a file named
     'evil\\n.toml' is listed and loaded as team 'evil\\n'."""
     teams = repo / ".orch/teams"
     teams.mkdir(parents=True)
     (teams / "evil\n.toml").write_text('description = "x"\n')
-    from orchestrator.teams.plan import team_names
+    from orchestrator.catalog.teamfiles import team_names
 
     assert team_names(repo) == []
 

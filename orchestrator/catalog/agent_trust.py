@@ -46,8 +46,9 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
         return [root / Path(str(d)).expanduser() for d in (dirs if isinstance(dirs, list) else [])]
 
     repo_dirs = [*named(repo), root / ".orch/agents", root / ".claude/agents"]
+    teams = team_floors(root, user)
     if not any(d.is_dir() for d in [*repo_dirs, *named(user)] if _inside(d, root)):
-        return []  # the usual case: nothing to parse, nothing imported
+        return teams  # the usual case: no agent file to parse, nothing imported
     from ..workspaces.registry import TIER_NAMES, rank
     from .definitions import ORCH_TOOLS, bundled_dir
 
@@ -84,6 +85,36 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
         if not wider and not mine_net.covers(theirs_net):
             shown = _shown(d.network or users_net)
             floors.append(AgentFloor(name, path, "network", shown, theirs_path, of_bundled))
+    return floors + teams
+
+
+def team_floors(root: Path, user: dict[str, Any]) -> list[AgentFloor]:
+    """The repository's team files that ask a network the user's settings do not reach,
+    or a model that reads a file of this machine (``scripted:``). A file that cannot be
+    read or parsed gives none here (``orch team validate`` says what is wrong with it)."""
+    import tomllib
+
+    from ..models.registry import reads_host
+    from .teamfiles import TEAMS_DIR, read_team, team_names
+
+    if not (root / TEAMS_DIR).is_dir():
+        return []
+    users = Reach.of(_network(user))
+    floors: list[AgentFloor] = []
+    for name in team_names(root):
+        try:
+            data = tomllib.loads(read_team(root, name)[0])
+            network = parse_setting(data["network"]) if "network" in data else None
+        except (OrchError, ValueError, RecursionError):
+            continue
+        path = root / TEAMS_DIR / f"{name}.toml"
+        if network is not None and not users.covers(Reach.of(network)):
+            floors.append(AgentFloor(name, path, "network", _shown(network), kind="teams"))
+        models = data.get("models")
+        asked = models if isinstance(models, dict) else {}
+        scripted = {k: v for k, v in asked.items() if isinstance(v, str) and reads_host(v)}
+        if scripted:
+            floors.append(AgentFloor(name, path, "models", scripted, kind="teams"))
     return floors
 
 
@@ -146,6 +177,8 @@ def guard(trust: Trust, catalog: Catalog) -> Catalog:
     from .definitions import load_agent_file
 
     for f in trust.floors:
+        if f.kind != "agents":
+            continue  # a team file's: refused where the team is run (teams/plan.py)
         d = catalog.agents.get(f.name)
         if d is None or not _same_file(d.source, f.path):
             continue  # already replaced, or a --agents-dir of the user's wins

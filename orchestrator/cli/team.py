@@ -82,7 +82,8 @@ def _catalog(project: Project, agents_dir: list[Path]) -> tuple[Catalog, ToolReg
 @handles_errors
 def list_teams(workdir: WorkdirOpt = None, as_json: JsonOpt = False) -> None:
     """The committed teams of this repository (.orch/teams/*.toml)."""
-    from ..teams.plan import TEAMS_DIR, load_team, team_names
+    from ..catalog.teamfiles import TEAMS_DIR, team_names
+    from ..teams.plan import load_team
 
     project = open_project(workdir)
     rows: list[dict[str, str | None]] = []
@@ -130,8 +131,9 @@ def validate(
     workdir: WorkdirOpt = None,
 ) -> None:
     """Check team files against the agents here; exit 1 when one is wrong."""
-    from ..teams.plan import TEAMS_DIR, check_file_trust, check_plan, load_team, make_plan
-    from ..teams.plan import team_names as names_of
+    from ..catalog.teamfiles import TEAMS_DIR
+    from ..catalog.teamfiles import team_names as names_of
+    from ..teams.plan import check_file_trust, check_plan, load_team, make_plan
 
     project = open_project(workdir)
     catalog, tools = _catalog(project, agents_dir or [])
@@ -215,10 +217,11 @@ def run(
     """Run a team on PROMPT; exit 0 when the reviewers approve, 1 otherwise.
 
     Flags override the team file; without --team, the default team (writer + reviewer)."""
+    from ..catalog.teamfiles import TEAMS_DIR
     from ..models import ModelProvider, portable
     from ..process.command import make_runner
     from ..teams.driver import base_commit, team_spec
-    from ..teams.plan import TEAMS_DIR, check_file_trust, check_plan, load_team, make_plan
+    from ..teams.plan import check_file_trust, check_plan, load_team, make_plan
     from ..teams.progress import read_result
 
     if not prompt.strip():

@@ -49,6 +49,8 @@ CONNECT_S = 10.0
 CHUNK = 256 * 1024
 LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
 MAX_EVENTS = 1000  # a run's egress events; more are counted, not stored
+MAX_OPEN = 256  # a run's connections open at once (each holds two of our descriptors)
+MAX_CONNECTIONS = 2048  # the process's, said hello or not
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
@@ -58,7 +60,8 @@ async def system_resolve(host: str, port: int) -> list[str]:
 
 @dataclass
 class Door:
-    """One run's way through the proxy."""
+    """One run's way through the proxy: made with its spec (``Door.new``), open while the
+    run's workspace is (``Egress.opened`` sets ``socket``)."""
 
     token: str
     socket: Path
@@ -84,6 +87,10 @@ class Door:
             out[name] = out[name.upper()] = value
         out["no_proxy"] = out["NO_PROXY"] = no_proxy
         return out
+
+    @classmethod
+    def new(cls, reach: Reach, report: Report) -> Door:
+        return cls(secrets.token_urlsafe(24), Path(), reach, report)
 
     def wrap(self, argv: list[str], python: str) -> list[str]:
         """``argv`` behind the bridge (a host tier's command): ``python`` runs it."""
@@ -174,7 +181,11 @@ class EgressProxy:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def open_door(self, reach: Reach, report: Report) -> Door:
-        door = Door(secrets.token_urlsafe(24), self.socket, reach, report)
+        return self.admit(Door.new(reach, report))
+
+    def admit(self, door: Door) -> Door:
+        """Let ``door``'s token through, from now until ``close_door``."""
+        door.socket = self.socket
         self._doors[door.token] = door
         return door
 
@@ -192,12 +203,19 @@ class EgressProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._tasks) >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
         self._tasks.add(task)
         door: Door | None = None
         try:
             hello = await asyncio.wait_for(reader.readuntil(b"\n"), HELLO_S)
             door = self._doors.get(hello.removeprefix(b"ORCH-EGRESS ").strip().decode("ascii"))
             if door is None or not hello.startswith(b"ORCH-EGRESS "):
+                return
+            if len(door.tasks) >= MAX_OPEN:
+                writer.write(refusal(429, f"more than {MAX_OPEN} connections at once"))
+                await writer.drain()  # (a fresh socket takes it whole: abort loses nothing)
                 return
             door.tasks.add(task)
             await self._request(door, reader, writer)
@@ -336,7 +354,7 @@ def split_target(target: str, default: int | None = None) -> tuple[str, int]:
 
 
 def refusal(status: int, reason: str) -> bytes:
-    words = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    words = {400: "Bad Request", 403: "Forbidden", 429: "Too Many", 502: "Bad Gateway"}[status]
     body = f"orch egress: {reason}\n".encode()
     head = (
         f"HTTP/1.1 {status} {words}\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -347,7 +365,7 @@ def refusal(status: int, reason: str) -> bytes:
 
 class Egress:
     """A process's egress proxy, started by the first run that needs it and stopped when
-    the last such run ends (``door``)."""
+    the last such run ends (``opened``)."""
 
     def __init__(self, resolve: Resolver | None = None) -> None:
         self.resolve = resolve
@@ -356,13 +374,14 @@ class Egress:
         self._lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
-    async def door(self, reach: Reach, report: Report) -> AsyncIterator[Door]:
+    async def opened(self, door: Door) -> AsyncIterator[Door]:
+        """``door`` open through the process's proxy (started for it if none runs)."""
         async with self._lock:
             if self._proxy is None:
                 self._proxy = await EgressProxy(resolve=self.resolve).__aenter__()
             self._users += 1
             proxy = self._proxy
-        door = proxy.open_door(reach, report)
+        proxy.admit(door)
         try:
             yield door
         finally:

@@ -59,7 +59,8 @@ def parse_setting(value: object) -> Literal["none", "host"] | AllowList:
         return value
     if value in ("none", "host"):
         return "none" if value == "none" else "host"
-    if isinstance(value, dict) and set(value) == {"allow"} and isinstance(value["allow"], list):
+    listed = isinstance(value, dict) and isinstance(value.get("allow"), list | tuple)
+    if isinstance(value, dict) and set(value) == {"allow"} and listed:
         entries = value["allow"]
         if not all(isinstance(v, str) for v in entries):
             raise ValueError(f"every network.allow entry must be a string ({_EXAMPLES})")

@@ -23,7 +23,7 @@ from typing import Protocol
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..catalog.guidance import resolve_agent
 from ..config import Settings
-from ..egress.proxy import Egress
+from ..egress.proxy import Door, Egress
 from ..egress.rules import Reach
 from ..errors import OrchError
 from ..models import ModelProvider
@@ -123,13 +123,14 @@ class Execution:
         }
         store.patch_run(record.run_id, **started)
         store.add_event(record.run_id, "run_started", record.started_event())
+        reach = self._reach(record)
         wspec = WorkspaceSpec.for_run(
             self.settings,
             record,
             base=spec.workdir,
             sink=store,
-            network=self._reach(record),
-            egress=None,  # set by _door, when the network is an allow-list
+            network=reach,
+            egress=self._door(record.run_id, reach),  # (open while the workspace is)
             state_dir=self.host.state_dir(spec.workdir),
             store_paths=self.host.store_paths(spec.workdir),
             parent=self._parent_workspace(),
@@ -140,7 +141,7 @@ class Execution:
         try:
             workspace = self.host.provision(spec.workspace, wspec)
             self.live.workspace = workspace
-            async with self._door(wspec), workspace as ws:
+            async with self._opened(wspec.egress), workspace as ws:
                 info = ws.info()  # progress, as the start: the run's own copy says the same
                 store.patch_run(record.run_id, workspace=info)
                 record = record.model_copy(update={**started, "workspace": info})
@@ -200,18 +201,21 @@ class Execution:
         held = (parent.workspace or {}).get("network") if parent is not None else None
         return reach.meet(Reach.from_info(held))  # no record of it: no network
 
+    def _door(self, run_id: str, reach: Reach) -> Door | None:
+        """The run's door to the egress proxy (an allow-list only): each request through it
+        an ``egress`` event of the run."""
+        if reach.mode != "allow":
+            return None
+        store = self.store
+        return Door.new(reach, lambda event: store.add_event(run_id, "egress", event))
+
     @contextlib.asynccontextmanager
-    async def _door(self, wspec: WorkspaceSpec) -> AsyncIterator[None]:
-        """The run's door to the egress proxy around its workspace (an allow-list only);
-        each request an ``egress`` event of the run."""
-        if wspec.network.mode != "allow":
+    async def _opened(self, door: Door | None) -> AsyncIterator[None]:
+        """``door`` open around the run's workspace (nothing without one)."""
+        if door is None:
             yield
             return
-        run_id, store = wspec.run_id, self.store
-        async with self.host.egress.door(
-            wspec.network, lambda event: store.add_event(run_id, "egress", event)
-        ) as door:
-            wspec.egress = door
+        async with self.host.egress.opened(door):
             yield
 
     def _env(self, record: RunRecord) -> dict[str, str]:

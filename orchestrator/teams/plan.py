@@ -11,7 +11,6 @@ them) is checked by :func:`check_plan`, at ``orch team validate`` and at run sta
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -19,17 +18,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from ..catalog.definitions import Catalog
+from ..catalog.teamfiles import read_team
 from ..egress.rules import NetworkSetting
 from ..errors import UsageError
-from ..fs.safefs import Beneath, TooManyEntries, UnsafePath
 from ..tools.base import ToolRegistry
 from ..workspaces.registry import BRANCH_TIERS, rank
 
-TEAMS_DIR = ".orch/teams"
-MAX_FILE_BYTES = 64 * 1024
 MAX_WRITERS = 8
 MAX_REVIEWERS = 8
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # whole names only (fullmatch)
 
 Approve = Literal["all", "majority", "any"]
 MergeMode = Literal["none", "merge", "squash"]
@@ -108,46 +104,9 @@ def parse_team(text: str, where: str) -> TeamFile:
         raise UsageError(f"{where}: {_problem(e)}; fix the file") from None
 
 
-def team_names(root: Path) -> list[str]:
-    """The names of the team files under ``root/.orch/teams`` (sorted)."""
-    try:
-        with Beneath(root) as fs:
-            if not fs.is_dir(TEAMS_DIR):
-                return []
-            found = list(fs.walk(TEAMS_DIR, max_entries=1000))
-    except (OSError, UnsafePath):
-        return []
-    except TooManyEntries:
-        raise UsageError(
-            f"{TEAMS_DIR} holds over 1,000 entries; keep only team files (NAME.toml) there"
-        ) from None
-    names = [Path(p).stem for p in found if p.count("/") == 2 and p.endswith(".toml")]
-    return sorted(n for n in names if _NAME.fullmatch(n))
-
-
 def load_team(root: Path, name: str) -> TeamFile:
     """The team file ``root/.orch/teams/NAME.toml``, read beneath ``root`` and validated."""
-    if not _NAME.fullmatch(name):
-        raise UsageError(
-            f"{name!r} is not a team name (letters, digits, '.', '_' and '-'); see `orch team list`"
-        )
-    rel = f"{TEAMS_DIR}/{name}.toml"
-    try:
-        with Beneath(root) as fs:
-            data, size = fs.read(rel, MAX_FILE_BYTES)
-    except FileNotFoundError:
-        known = ", ".join(team_names(root)) or "none"
-        raise UsageError(
-            f"no team {name!r}: {rel} does not exist (teams here: {known}); see `orch team list`"
-        ) from None
-    except (OSError, UnsafePath) as e:
-        raise UsageError(f"{rel}: cannot read it ({e})") from None
-    if size > MAX_FILE_BYTES:
-        raise UsageError(f"{rel}: {size:,} bytes, over the {MAX_FILE_BYTES:,} a team file may be")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{rel}: not UTF-8 text; fix the file") from None
+    text, rel = read_team(root, name)
     return parse_team(text, rel)
 
 

@@ -139,14 +139,15 @@ def create_container(
     gid: int,
     labels: dict[str, str],
     egress: Path | None = None,
+    network: bool = True,
 ) -> str:
     """Create (not start) a locked-down container; returns its id (blocking).
 
     No host directory (and no volume) is mounted: ``/workspace``, ``/tmp`` and ``$HOME``
     are tmpfs (the workspace owned by the sandbox user, ``sandbox.workspace_size``); the
-    root filesystem is read-only. ``egress``: the egress proxy's socket, mounted at
-    ``SOCKET_INSIDE`` (the only way out: the network is then ``none`` whatever
-    ``sandbox.network_mode`` says).
+    root filesystem is read-only. ``sandbox.network_mode`` applies only with ``network``
+    (the run's network is ``host``); else it is ``none``. ``egress``: the egress proxy's
+    socket, mounted at ``SOCKET_INSIDE`` (then the only way out).
     """
     api = client.api
     owned = f"uid={uid},gid={gid}"
@@ -156,7 +157,7 @@ def create_container(
         cfg.home: f"{TMPFS},size={cfg.home_size},{owned},mode=0700",
     }
     lockdown = cfg.model_dump(include=HOST_CONFIG)  # as the settings name it
-    if egress is not None:
+    if egress is not None or not network:
         lockdown["network_mode"] = "none"
     host = api.create_host_config(
         **lockdown,

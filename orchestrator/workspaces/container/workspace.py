@@ -142,10 +142,12 @@ class ContainerWorkspace(Shielded):
         return saved.dump()
 
     def _network(self) -> str | dict[str, Any]:
-        """What its commands reach: the allow-list, else Docker's ``network_mode``."""
+        """What its commands reach: the allow-list; with the host's, Docker's
+        ``network_mode``; else none."""
         if self.spec.network.mode == "allow":
             return self.spec.network.info()
-        return "none" if self.cfg.network_mode == "none" else "host"
+        on = self.spec.network.mode == "host" and self.cfg.network_mode != "none"
+        return "host" if on else "none"
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
@@ -175,8 +177,9 @@ class ContainerWorkspace(Shielded):
         includes_task = asyncio.create_task(self._includes())
         try:
             self._client = await asyncio.to_thread(docker_client)
-            # a pool's containers have no way to the egress proxy: an allow-list makes its own
-            warm = await claim_warm(self.cfg, spec.chain_id) if spec.egress is None else None
+            # a pool's containers have sandbox.network_mode and no way to the egress proxy
+            pooled = self.cfg.network_mode == "none" or spec.network.mode == "host"
+            warm = await claim_warm(self.cfg, spec.chain_id) if pooled and not spec.egress else None
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
                 ref = resource_ref(warm.container_id, {TOKEN: warm.token})
@@ -192,6 +195,7 @@ class ContainerWorkspace(Shielded):
                     self.gid,
                     labels,
                     spec.egress.socket if spec.egress is not None else None,
+                    spec.network.mode == "host",
                 )
                 self._ref = sign(spec.run_id, "container", resource_ref(self.container_id, labels))
                 self._register()
