@@ -367,3 +367,43 @@ def test_a_team_files_network_is_every_members_and_needs_trust_to_widen(
         record = json.loads(orch("result", runs[role], "--json", cwd=repo).stdout)
         assert record["workspace"]["network"] == {"allow": [f"127.0.0.1:{allowed}"]}, role
         assert record["egress"]["allowed"] == 1, (role, record["egress"])
+
+
+def test_the_dashboard_shows_what_a_run_reached_and_what_was_refused(
+    repo: Path, servers: tuple[int, int], tmp_path: Path
+) -> None:
+    """A real run (the CLI, a scripted model), its page in headless Chromium: the run's
+    network, the summary, and one line a request, refused ones marked."""
+    from tests.test_dashboard import chromium, serving, shot
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    allowed, other = servers
+    user = Path.home() / ".orch" / "config.toml"
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text(f'network = {{ allow = ["127.0.0.1:{allowed}"] }}\n')
+    calls = [
+        bash(fetch(f"http://127.0.0.1:{allowed}/a")),
+        bash(fetch(f"http://127.0.0.1:{other}/b")),
+    ]
+    script = write_script(
+        repo, {"conversations": [{"turns": [{"tool_calls": calls}, {"text": "ok"}]}]}
+    )
+    r = orch("task", "fetch", "--json", "--model", f"scripted:{script}", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    with serving(repo) as served, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(served.url)
+            page.goto(f"http://127.0.0.1:{served.port}/run/{run_id}")
+            page.wait_for_selector("#egress")
+            text = page.locator("section", has=page.locator("#egress")).inner_text()
+            page.locator("#egress").scroll_into_view_if_needed()
+            shot(page, "network", tmp_path)
+        finally:
+            browser.close()
+    assert f"only 127.0.0.1:{allowed}, through orch's egress proxy" in text
+    assert "2 request(s): 1 allowed, 1 refused" in text
+    refused = f"GET 127.0.0.1:{other} refused: 127.0.0.1:{other} is not in the run's network"
+    assert refused in text and f"GET 127.0.0.1:{allowed} (127.0.0.1) allowed" in text
