@@ -407,3 +407,31 @@ def test_the_dashboard_shows_what_a_run_reached_and_what_was_refused(
     assert "2 request(s): 1 allowed, 1 refused" in text
     refused = f"GET 127.0.0.1:{other} refused: 127.0.0.1:{other} is not in the run's network"
     assert refused in text and f"GET 127.0.0.1:{allowed} (127.0.0.1) allowed" in text
+
+
+def test_orch_task_allow_gives_a_run_its_list_and_bad_flags_are_one_line(
+    repo: Path, servers: tuple[int, int]
+) -> None:
+    allowed, other = servers
+    calls = [
+        bash(fetch(f"http://127.0.0.1:{allowed}/a")),
+        bash(fetch(f"http://127.0.0.1:{other}/b")),
+    ]
+    script = write_script(
+        repo, {"conversations": [{"turns": [{"tool_calls": calls}, {"text": "ok"}]}]}
+    )
+    r = orch("task", "x", "--allow", f"127.0.0.1:{allowed}", "--json", "--background",
+             "--model", f"scripted:{script}", cwd=repo)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    done = json.loads(orch("result", run_id, "--wait", "--json", cwd=repo).stdout)
+    assert done["status"] == "succeeded" and done["workspace"]["network"] == {
+        "allow": [f"127.0.0.1:{allowed}"]
+    }
+    assert (done["egress"]["allowed"], done["egress"]["refused"]) == (1, 1)
+    for flags, says in [
+        (["--allow", "a b"], "--allow: network.allow entry 'a b' is not a host name"),
+        (["--allow", "x.org", "--network", "host"], "--network and --allow do not go together"),
+    ]:
+        r = orch("task", "x", *flags, cwd=repo)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1

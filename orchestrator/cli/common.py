@@ -50,6 +50,7 @@ AgentsDirOpt = Annotated[
 # (workspaces/registry.py, not imported here: `orch ps` stays fast) and Settings.executor.
 Isolation = Literal["shared", "worktree", "container"]
 Executor = Literal["local", "ray"]
+NetworkMode = Literal["none", "host"]
 ISOLATION_HELP = (
     "Where the agent works: in your directory (shared), on a branch of its own in a git "
     "worktree, or in a Docker container. Default: the agent's, else shared."

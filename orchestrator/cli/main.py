@@ -24,6 +24,7 @@ from .common import (
     Executor,
     Isolation,
     JsonOpt,
+    NetworkMode,
     WorkdirOpt,
     budget_line,
     chain_tree,
@@ -120,6 +121,21 @@ def report(
     raise typer.Exit(code)
 
 
+def network_flag(mode: NetworkMode | None, allow: list[str] | None) -> Any:
+    """``--network``/``--allow`` as the ``network`` setting (None: not given)."""
+    if mode is not None and allow:
+        raise UsageError("--network and --allow do not go together: --allow alone is a list")
+    if not allow:
+        return mode
+    from ..egress.rules import parse_setting
+
+    try:
+        listed = parse_setting({"allow": list(allow)})
+    except ValueError as e:
+        raise UsageError(f"--allow: {e}") from None
+    return listed if isinstance(listed, str) else listed.model_dump(mode="json")
+
+
 @app.command()
 @handles_errors
 def task(
@@ -165,6 +181,19 @@ def task(
     timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Seconds before the run times out.")
     ] = None,
+    network: Annotated[
+        NetworkMode | None,
+        typer.Option(help="What the commands reach: none, or the machine's network (host)."),
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            metavar="HOST",
+            help="Reach only this host (repeat it): pypi.org, '*.github.com', "
+            "127.0.0.1:8080; through orch's egress proxy.",
+        ),
+    ] = None,
     agents_dir: AgentsDirOpt = None,
     workdir: WorkdirOpt = None,
     as_json: JsonOpt = False,
@@ -185,6 +214,7 @@ def task(
         "stall_timeout": stall_timeout,
         "max_parallel_children": max_parallel,
         "executor": executor,
+        "network": network_flag(network, allow),
     }  # flags override orch.toml, and travel with a detached run to its worker
     project = open_project(workdir, **overrides)
     if config is not None and config.needs_git and not is_git_repo(project.root):
