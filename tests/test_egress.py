@@ -435,3 +435,25 @@ def test_orch_task_allow_gives_a_run_its_list_and_bad_flags_are_one_line(
     ]:
         r = orch("task", "x", *flags, cwd=repo)
         assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_agent_is_told_its_network_and_a_parent_each_agents(repo: Path) -> None:
+    agents = repo / ".orch" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "fetcher.md").write_text(
+        "---\nname: fetcher\ndescription: Gets packages.\ntools: Bash\n"
+        "network: {allow: [pypi.org, '*.pythonhosted.org']}\n---\nGo.\n"
+    )
+    listed = ["pypi.org", "*.pythonhosted.org", "127.0.0.1:8080"]
+    h = harness(repo, {"conversations": [{"turns": [{"text": "ok"}]}]}, network={"allow": listed})
+    root = h.run()
+    request = h.requests_of(root.run_id)[0]
+    assert (
+        "- Network: only pypi.org, *.pythonhosted.org, 127.0.0.1:8080, through orch's egress "
+        "proxy. HTTP_PROXY and HTTPS_PROXY are set"
+    ) in request.system
+    [task] = [t for t in request.tools if t["name"] == "task"]
+    assert (
+        "- fetcher [network: pypi.org, *.pythonhosted.org]: Gets packages." in task["description"]
+    )
+    assert "never has a wider network" in task["description"]
