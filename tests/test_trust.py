@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from orchestrator.config import load_settings, load_settings_with_trust
-from orchestrator.trust import TrustCap, record, trust_file
+from orchestrator.project.truststore import trust_file
+from orchestrator.trust import TrustCap, record
 from tests.support import init_repo, need_bwrap, orch, write_script
 
 HOOKED = """\

@@ -15,6 +15,7 @@ from .. import trust as trusting
 from ..catalog.agent_trust import load_trusted
 from ..errors import UsageError
 from ..process.opened import root_of
+from ..project import truststore
 from .common import WorkdirOpt, handles_errors, out, print_json
 from .safe import safe_text
 
@@ -53,7 +54,7 @@ def trust(
         raise UsageError("--show and --revoke do not go together; use one of them")
     root = root_of(workdir)
     if revoke:
-        removed = trusting.revoke(root)
+        removed = truststore.revoke(root)
         if as_json:
             print_json({"root": str(root), "revoked": removed})
         else:
@@ -72,7 +73,7 @@ def trust(
                 "sha256": t.digest,
                 "trusted": t.trusted,
                 "recorded_sha256": t.recorded,
-                "trust_file": str(trusting.trust_file()),
+                "trust_file": str(truststore.trust_file()),
             }
         )
         return
