@@ -456,4 +456,4 @@ def test_an_agent_is_told_its_network_and_a_parent_each_agents(repo: Path) -> No
     assert (
         "- fetcher [network: pypi.org, *.pythonhosted.org]: Gets packages." in task["description"]
     )
-    assert "never has a wider network" in task["description"]
+    assert "nor with a wider network" in task["description"]

@@ -49,10 +49,7 @@ isolation: shared (default: your own tier) works in your workspace; worktree: \
 its own checkout on a new branch that orch commits at the end, for you to review \
 and merge; container: the strongest isolation (Docker, no host directory shared; \
 work comes back as a branch), for untrusted code. A child never runs in a weaker \
-tier than yours, and never has a wider network: its agent's network (marked below), \
-else the user's setting, within yours (your Environment section says yours). By \
-default there is none: package installs fail. An allow-list reaches only the hosts \
-listed, through orch's proxy.
+tier than yours, nor with a wider network (none by default: installs fail).
 
 run_in_background returns a task_id at once; you get a <task-notification> when \
 it ends and collect the result with task_output. Do not poll it; do other work. \
