@@ -106,9 +106,10 @@ def run(requests: int = 300, blobs: int = 3) -> list[dict[str, Any]]:
     proxy = EgressProxy()
     asyncio.run_coroutine_threadsafe(proxy.__aenter__(), loop).result(10)
     allow = AllowList(allow=(f"127.0.0.1:{web}", f"127.0.0.1:{blob_port}"))
-    door = proxy.open_door(Reach.of(allow), lambda event: None)
+    opened = proxy.open_door(Reach.of(allow), lambda event: None)
+    door = asyncio.run_coroutine_threadsafe(opened, loop).result(10)
     port = _free_port()
-    argv = [sys.executable, "-I", "-S", bridge.__file__, str(port), str(proxy.socket)]
+    argv = [sys.executable, "-I", "-S", bridge.__file__, str(port), str(door.socket)]
     relay = subprocess.Popen([*argv, door.token, "--daemon"], stdout=subprocess.PIPE)
     try:
         assert relay.stdout is not None and relay.stdout.readline() == b"ready\n"
@@ -131,7 +132,7 @@ def run(requests: int = 300, blobs: int = 3) -> list[dict[str, Any]]:
     finally:
         relay.kill()
         relay.wait()
-        proxy.close_door(door)
+        loop.call_soon_threadsafe(proxy.close_door, door)
         asyncio.run_coroutine_threadsafe(proxy.__aexit__(None, None, None), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         small.shutdown()

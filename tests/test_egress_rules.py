@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ from pydantic import ValidationError
 from orchestrator.catalog.definitions import DefinitionError, parse_agent
 from orchestrator.config import Settings
 from orchestrator.egress import proxy as proxymod
-from orchestrator.egress.proxy import EgressProxy, parse_head, split_target
+from orchestrator.egress.heads import Refused, parse_head, split_target
+from orchestrator.egress.proxy import Door, EgressProxy
 from orchestrator.egress.rules import AllowList, Reach, Rule, normal_name, public
 
 
@@ -156,8 +158,11 @@ def test_a_child_meets_its_parent() -> None:
 # -- the proxy, spoken to as a bridge would -------------------------------------------
 
 
-async def _ask(proxy: EgressProxy, token: str, head: bytes, body: bytes = b"") -> bytes:
-    reader, writer = await asyncio.open_unix_connection(str(proxy.socket))
+async def _ask(door: Door, token: str, head: bytes, body: bytes = b"") -> bytes:
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(door.socket))
+    except OSError:  # a closed door: its socket is gone
+        return b""
     writer.write(b"ORCH-EGRESS " + token.encode() + b"\n" + head + body)
     await writer.drain()
     if writer.can_write_eof():
@@ -182,28 +187,29 @@ def test_the_proxy_tunnels_an_allowed_connect_and_refuses_the_rest() -> None:
         server, port = await _echo_server()
         events: list[dict[str, Any]] = []
         async with server, EgressProxy() as proxy:
-            assert os.stat(proxy.socket).st_mode & 0o777 == 0o666
-            assert os.stat(proxy.socket.parent).st_mode & 0o777 == 0o700
-            door = proxy.open_door(reach(f"127.0.0.1:{port}"), events.append)
+            door = await proxy.open_door(reach(f"127.0.0.1:{port}"), events.append)
+            assert os.stat(door.socket).st_mode & 0o777 == 0o666
+            assert os.stat(door.socket.parent).st_mode & 0o777 == 0o700
+            assert door.socket.parent.parent == Path("/tmp")  # private in every host sandbox
             said = [
                 await _ask(
-                    proxy,
+                    door,
                     door.token,
                     f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode(),
                     b"ping",
                 ),
                 await _ask(
-                    proxy, door.token, f"CONNECT 127.0.0.1:{port + 1} HTTP/1.1\r\n\r\n".encode()
+                    door, door.token, f"CONNECT 127.0.0.1:{port + 1} HTTP/1.1\r\n\r\n".encode()
                 ),
                 await _ask(
-                    proxy, "not-the-token", f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode()
+                    door, "not-the-token", f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode()
                 ),
-                await _ask(proxy, door.token, b"GET https://127.0.0.1/ HTTP/1.1\r\n\r\n"),
-                await _ask(proxy, door.token, b"BREW /pot HTCPCP/1.0\r\n\r\n"),
+                await _ask(door, door.token, b"GET https://127.0.0.1/ HTTP/1.1\r\n\r\n"),
+                await _ask(door, door.token, b"BREW /pot HTCPCP/1.0\r\n\r\n"),
             ]
             proxy.close_door(door)
             said.append(
-                await _ask(proxy, door.token, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+                await _ask(door, door.token, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
             )
         return said, events
 
@@ -226,9 +232,9 @@ def test_a_door_keeps_its_first_events_and_counts_the_rest(monkeypatch: pytest.M
     async def main() -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         async with EgressProxy() as proxy:
-            door = proxy.open_door(reach("pypi.org"), events.append)
+            door = await proxy.open_door(reach("pypi.org"), events.append)
             for _ in range(5):
-                await _ask(proxy, door.token, b"CONNECT evil.org:443 HTTP/1.1\r\n\r\n")
+                await _ask(door, door.token, b"CONNECT evil.org:443 HTTP/1.1\r\n\r\n")
             proxy.close_door(door)
         return events
 
@@ -245,5 +251,5 @@ def test_heads_are_read_strictly() -> None:
     assert plain.forward == b"GET /a?b=1 HTTP/1.1\r\nHost: example.org\r\nConnection: close\r\n\r\n"
     assert split_target("[::1]:443") == ("::1", 443)
     for bad in ["example.org", "a b:1", "x:99999", "[::1]", ":443"]:
-        with pytest.raises(proxymod.Refused):
+        with pytest.raises(Refused):
             split_target(bad)

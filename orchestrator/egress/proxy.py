@@ -1,14 +1,15 @@
-"""The egress proxy: one per orch process, on a Unix socket, between every run whose
-network is an allow-list and the world.
+"""The egress proxy: one per orch process, between every run whose network is an
+allow-list and the world.
 
-A sandbox reaches it only through its bridge (:mod:`.bridge`), which says the run's token
-first: the token is the run's :class:`Door` (its :class:`~.rules.Reach` and where its
-``egress`` events go), so one socket serves every run of the process and a run cannot
-borrow another's list. After the token comes one HTTP request head: ``CONNECT host:port``
-(a tunnel: HTTPS, or anything else to an allowed port) or a plain-HTTP request in absolute
-form (``GET http://host/...``; sent on with ``Connection: close``). The host name is checked
-against the list, resolved here (``resolve``: the system's resolver unless a test gives
-one), and each address it gives checked again (:meth:`Reach.check_address`); the proxy
+Each run gets a :class:`Door`: a Unix socket of its own in the proxy's directory (under
+``/tmp``: mode 0700, and every host sandbox has a private ``/tmp``), bound into that run's
+sandbox only, and a random token its bridge (:mod:`.bridge`) says first; the door holds the
+run's :class:`~.rules.Reach` and where its ``egress`` events go. A run reaches no other
+run's door, and what it opens counts against its own caps (``MAX_OPEN``, derived from the
+process's descriptor limit), never another's. After the token comes one request head
+(:mod:`.heads`). The host name is checked against the list, resolved here (``resolve``: the
+system's resolver, in threads of the proxy's own, a few at a time per run; a test gives its
+own), and each address it gives checked again (:meth:`Reach.check_address`); the proxy
 connects to the address it checked, never resolving twice. A refusal is a ``403`` whose
 body is one line saying why. Each request is one ``egress`` event: host, port, allowed or
 not, the reason, the address, bytes each way (a run's first ``MAX_EVENTS``; the rest are
@@ -18,9 +19,13 @@ counted in one last event when its door closes).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
+import hmac
 import ipaddress
 import os
+import resource
 import secrets
 import shutil
 import socket
@@ -31,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 from . import bridge as bridge_program
-from .rules import Reach, as_address, normal_name
+from .heads import Refused, Request, parse_head, refusal
+from .rules import Reach, as_address
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 Report = Callable[[dict[str, Any]], None]
@@ -42,23 +47,43 @@ Report = Callable[[dict[str, Any]], None]
 BRIDGE_PORT = 3128  # the bridge's port inside every sandbox (its own network namespace)
 SOCKET_INSIDE = "/run/orch-egress.sock"  # where a sandbox sees the proxy's socket
 HEAD_MAX = 64 * 1024
-HELLO_S = 10.0  # the bridge's token line
+HELLO_S = 5.0  # the bridge's token line (it says it at once)
 HEAD_S = 30.0  # the request head
 RESOLVE_S = 10.0
 CONNECT_S = 10.0
 CHUNK = 256 * 1024
 LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
 MAX_EVENTS = 1000  # a run's egress events; more are counted, not stored
-MAX_OPEN = 256  # a run's connections open at once (each holds two of our descriptors)
-MAX_CONNECTIONS = 2048  # the process's, said hello or not
+MAX_OPEN = 256  # a run's connections at once (each holds two of our descriptors), at most
+RESOLVING = 4  # a run's names being resolved at once
+DNS_THREADS = 16
+WANT_FILES = 65536  # the descriptor limit the proxy raises its process's to, if it may
 
 
-async def system_resolve(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+def open_cap() -> int:
+    """A run's connections at once: ``MAX_OPEN``, fewer where the process may hold few
+    descriptors (first raised as far as the hard limit lets: ``raise_files``)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN
+    return max(8, min(MAX_OPEN, soft // 16))
+
+
+def raise_files() -> None:
+    """The soft descriptor limit up to ``WANT_FILES`` (or the hard limit), as servers do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = WANT_FILES if hard == resource.RLIM_INFINITY else min(hard, WANT_FILES)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def _lookup(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-@dataclass
+@dataclass(eq=False)  # a door is itself (hashed by identity)
 class Door:
     """One run's way through the proxy: made with its spec (``Door.new``), open while the
     run's workspace is (``Egress.opened`` sets ``socket``)."""
@@ -70,6 +95,8 @@ class Door:
     events: int = 0
     unreported: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    server: asyncio.Server | None = None
+    resolving: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RESOLVING))
 
     def env(self) -> dict[str, str]:
         """The proxy variables of the run's commands (upper and lower case: tools read
@@ -131,100 +158,92 @@ class Door:
             self.report(event)
 
 
-@dataclass
-class Request:
-    method: str
-    host: str
-    port: int
-    tunnel: bool
-    forward: bytes = b""  # a plain-HTTP request's head as the server gets it
-
-
-class Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
 class EgressProxy:
-    """The proxy (see the module's doc); ``async with`` it, then open a door per run."""
+    """The proxy (see the module's doc); ``async with`` it, then admit a door per run."""
 
     def __init__(self, *, resolve: Resolver | None = None) -> None:
-        self.resolve = resolve or system_resolve
-        self.socket = Path()
-        self._dir: str | None = None
-        self._server: asyncio.Server | None = None
-        self._doors: dict[str, Door] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.resolve = resolve or self._system_resolve
+        self.dir = Path()
+        self._doors: set[Door] = set()
+        self._dns: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cap = MAX_OPEN
 
     async def __aenter__(self) -> Self:
-        self._dir = tempfile.mkdtemp(prefix="orch-egress-")  # 0700: only we reach it here
-        self.socket = Path(self._dir) / "proxy.sock"
-        self._server = await asyncio.start_unix_server(
-            self._serve, path=str(self.socket), limit=HEAD_MAX
-        )
-        os.chmod(self.socket, 0o666)  # a container's user connects to the mounted socket
+        # under /tmp: every host sandbox has a /tmp of its own, so none sees this
+        self.dir = Path(tempfile.mkdtemp(prefix="orch-egress-", dir="/tmp"))  # 0700
+        raise_files()
+        self._cap = open_cap()
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        tasks = [t for door in self._doors for t in door.tasks]
+        for door in list(self._doors):
+            self.close_door(door)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._dns is not None:
+            self._dns.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
-    def open_door(self, reach: Reach, report: Report) -> Door:
-        return self.admit(Door.new(reach, report))
+    async def open_door(self, reach: Reach, report: Report) -> Door:
+        return await self.admit(Door.new(reach, report))
 
-    def admit(self, door: Door) -> Door:
-        """Let ``door``'s token through, from now until ``close_door``."""
-        door.socket = self.socket
-        self._doors[door.token] = door
+    async def admit(self, door: Door) -> Door:
+        """``door``'s socket, listening from now until ``close_door``."""
+        door.socket = self.dir / f"{secrets.token_hex(8)}.sock"
+        door.server = await asyncio.start_unix_server(
+            functools.partial(self._serve, door), path=str(door.socket), limit=HEAD_MAX
+        )
+        os.chmod(door.socket, 0o666)  # a container's user connects to the mounted socket
+        self._doors.add(door)
         return door
 
     def close_door(self, door: Door) -> None:
         """No new connection through ``door``; its open ones are cut."""
-        self._doors.pop(door.token, None)
+        if door not in self._doors:
+            return
+        self._doors.discard(door)
+        if door.server is not None:
+            door.server.close()
+        with contextlib.suppress(OSError):
+            door.socket.unlink()
         for task in list(door.tasks):
             task.cancel()
         if door.unreported:
             with contextlib.suppress(Exception):
                 door.report({"more": door.unreported, "allowed": None})
 
+    async def _system_resolve(self, host: str, port: int) -> list[str]:
+        if self._dns is None:  # threads of our own: a slow name holds none of the loop's
+            self._dns = concurrent.futures.ThreadPoolExecutor(DNS_THREADS, "orch-egress-dns")
+        return await asyncio.get_running_loop().run_in_executor(self._dns, _lookup, host, port)
+
     # -- one connection -----------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, door: Door, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._tasks) >= MAX_CONNECTIONS:
+        if door not in self._doors:
             writer.transport.abort()
             return
-        self._tasks.add(task)
-        door: Door | None = None
+        if len(door.tasks) >= self._cap:
+            writer.write(refusal(429, f"more than {self._cap} connections at once"))
+            writer.transport.close()  # (a fresh socket takes the answer whole)
+            return
+        door.tasks.add(task)
         try:
             hello = await asyncio.wait_for(reader.readuntil(b"\n"), HELLO_S)
-            door = self._doors.get(hello.removeprefix(b"ORCH-EGRESS ").strip().decode("ascii"))
-            if door is None or not hello.startswith(b"ORCH-EGRESS "):
-                return
-            if len(door.tasks) >= MAX_OPEN:
-                writer.write(refusal(429, f"more than {MAX_OPEN} connections at once"))
-                await writer.drain()  # (a fresh socket takes it whole: abort loses nothing)
-                return
-            door.tasks.add(task)
-            await self._request(door, reader, writer)
+            said = hello.removeprefix(b"ORCH-EGRESS ").strip()
+            if hello.startswith(b"ORCH-EGRESS ") and hmac.compare_digest(said, door.token.encode()):
+                await self._request(door, reader, writer)
         except (OSError, EOFError, ValueError, asyncio.LimitOverrunError, TimeoutError):
             pass  # the client went, or sent no request
         finally:
-            self._tasks.discard(task)
-            if door is not None:
-                door.tasks.discard(task)
+            door.tasks.discard(task)
             writer.transport.abort()
 
     async def _request(
@@ -236,7 +255,7 @@ class EgressProxy:
         try:
             request = parse_head(head)
             event |= {"method": request.method, "host": request.host, "port": request.port}
-            address = await self._decide(door.reach, request)
+            address = await self._decide(door, request)
             event["address"] = address
             up_reader, up_writer = await self._connect(address, request.port)
         except Refused as r:
@@ -259,8 +278,8 @@ class EgressProxy:
             event["ms"] = round((time.monotonic() - started) * 1000, 1)
             door.note(event)
 
-    async def _decide(self, reach: Reach, request: Request) -> str:
-        host = request.host
+    async def _decide(self, door: Door, request: Request) -> str:
+        reach, host = door.reach, request.host
         if (why := reach.check_name(host, request.port)) != "":
             raise Refused(403, why)
         literal = as_address(host)
@@ -268,9 +287,10 @@ class EgressProxy:
             candidates = [literal]
         else:
             try:
-                found = await asyncio.wait_for(self.resolve(host, request.port), RESOLVE_S)
+                async with door.resolving:  # a few at a time: its slow names are its own
+                    found = await asyncio.wait_for(self.resolve(host, request.port), RESOLVE_S)
             except (OSError, TimeoutError) as e:
-                raise Refused(502, f"cannot resolve {host}: {e}") from None
+                raise Refused(502, f"cannot resolve {host}: {e or 'timed out'}") from None
             candidates = [a for a in map(as_address, found) if a is not None]
             if not candidates:
                 raise Refused(502, f"cannot resolve {host}: no address")
@@ -309,60 +329,6 @@ async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> int:
     return copied
 
 
-def parse_head(head: bytes) -> Request:
-    """The request a head asks for; :class:`Refused` (400) when it is no proxy request."""
-    try:
-        text = head.decode("latin-1")
-        line, *headers = text[:-4].split("\r\n")
-        method, target, version = line.split(" ")
-    except ValueError:
-        raise Refused(400, "not an HTTP proxy request") from None
-    if not version.startswith("HTTP/1."):
-        raise Refused(400, f"unsupported protocol {version[:20]!r}")
-    if method == "CONNECT":
-        host, port = split_target(target)
-        return Request(method, host, port, tunnel=True)
-    url = urlsplit(target)
-    if url.scheme not in ("http", "") or (url.scheme == "" and not target.startswith("/")):
-        raise Refused(400, f"only http:// is proxied in the clear (use CONNECT for {url.scheme})")
-    authority = url.netloc
-    if not authority:
-        hosts = [h.split(":", 1)[1].strip() for h in headers if h.lower().startswith("host:")]
-        authority = hosts[0] if hosts else ""
-    host, port = split_target(authority, default=80)
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    hop = ("proxy-connection:", "proxy-authorization:", "connection:", "keep-alive:")
-    kept = [h for h in headers if not h.lower().startswith(hop)]
-    forward = "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close", "", ""])
-    return Request(method, host, port, tunnel=False, forward=forward.encode("latin-1"))
-
-
-def split_target(target: str, default: int | None = None) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) as a normal name and a port; :class:`Refused` (400)."""
-    host, port_text = target, ""
-    if target.startswith("["):
-        inside, _, rest = target[1:].partition("]")
-        host, port_text = inside, rest.removeprefix(":")
-    elif target.count(":") == 1:
-        host, _, port_text = target.partition(":")
-    if not port_text and default is not None:
-        port_text = str(default)
-    name = normal_name(host)
-    if name is None or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise Refused(400, f"not a host:port: {target[:100]!r}")
-    return name, int(port_text)
-
-
-def refusal(status: int, reason: str) -> bytes:
-    words = {400: "Bad Request", 403: "Forbidden", 429: "Too Many", 502: "Bad Gateway"}[status]
-    body = f"orch egress: {reason}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {words}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nX-Orch-Egress: refused\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 class Egress:
     """A process's egress proxy, started by the first run that needs it and stopped when
     the last such run ends (``opened``)."""
@@ -381,8 +347,8 @@ class Egress:
                 self._proxy = await EgressProxy(resolve=self.resolve).__aenter__()
             self._users += 1
             proxy = self._proxy
-        proxy.admit(door)
         try:
+            await proxy.admit(door)
             yield door
         finally:
             proxy.close_door(door)
