@@ -104,6 +104,8 @@ def test_names_are_normalized_and_odd_ones_refused() -> None:
         ("2002:7f00:1::", False),  # 6to4 of 127.0.0.1
         ("64:ff9b::a00:1", False),  # NAT64 of 10.0.0.1
         ("2606:4700::1111", True),
+        ("64:ff9b:1::a00:1", False),  # local-use NAT64 (RFC 8215)
+        ("fec0::1", False),  # site-local
     ],
 )
 def test_only_global_addresses_are_public(address: str, ok: bool) -> None:

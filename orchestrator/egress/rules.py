@@ -34,6 +34,8 @@ _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 _EXAMPLES = "e.g. 'pypi.org', '*.github.com', '127.0.0.1:8080'"
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# not global, though Python 3.11's is_global says so: local NAT64, site-local
+_LOCAL = (ipaddress.ip_network("64:ff9b:1::/48"), ipaddress.ip_network("fec0::/10"))
 
 
 class AllowList(BaseModel):
@@ -111,6 +113,8 @@ def public(address: IPAddress) -> bool:
         if address in _NAT64:
             inner.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
         if any(a is not None and not public(a) for a in inner):
+            return False
+        if any(address in net for net in _LOCAL):
             return False
     return address.is_global and not address.is_multicast
 
