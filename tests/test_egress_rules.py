@@ -55,7 +55,7 @@ def test_an_entry_names_what_it_says(entry: str, host: str, port: int, ok: bool)
 @pytest.mark.parametrize(
     "bad",
     ["", "pypi.org:0", "pypi.org:70000", "pypi.org:http", "a b.org", "*.", "**.org",
-     "[::1", "[::1]x", "http://pypi.org", "pypi.org/simple", "a..b", "-a.org"],
+     "[::1", "[::1]x", "http://pypi.org", "pypi.org/simple", "a..b", "-a.org", "x.org:²"],
 )  # fmt: skip
 def test_a_bad_entry_is_one_line_that_says_what_to_write(bad: str) -> None:
     with pytest.raises(ValidationError) as e:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
+from ..egress.rules import NetworkMode as NetworkMode  # the --network flag's values
 from ..egress.summary import summarize
 from ..egress.summary import text as egress_text
 from ..errors import OrchError
@@ -50,7 +51,6 @@ AgentsDirOpt = Annotated[
 # (workspaces/registry.py, not imported here: `orch ps` stays fast) and Settings.executor.
 Isolation = Literal["shared", "worktree", "container"]
 Executor = Literal["local", "ray"]
-NetworkMode = Literal["none", "host"]
 ISOLATION_HELP = (
     "Where the agent works: in your directory (shared), on a branch of its own in a git "
     "worktree, or in a Docker container. Default: the agent's, else shared."

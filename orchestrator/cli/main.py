@@ -43,6 +43,7 @@ from .live import branch_lines, live_view, run_tree
 from .safe import safe_markup, safe_text
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run agents: fast `orch ps`
+    from ..egress.rules import NetworkSetting
     from ..engine.runner import Runner
     from ..models import ModelProvider, ScriptedModel
     from ..spec import RunSpec
@@ -121,8 +122,8 @@ def report(
     raise typer.Exit(code)
 
 
-def network_flag(mode: NetworkMode | None, allow: list[str] | None) -> Any:
-    """``--network``/``--allow`` as the ``network`` setting (None: not given)."""
+def network_flag(mode: NetworkMode | None, allow: list[str] | None) -> NetworkSetting | None:
+    """``--network``/``--allow`` as a ``network`` setting (None: not given)."""
     if mode is not None and allow:
         raise UsageError("--network and --allow do not go together: --allow alone is a list")
     if not allow:
@@ -130,10 +131,9 @@ def network_flag(mode: NetworkMode | None, allow: list[str] | None) -> Any:
     from ..egress.rules import parse_setting
 
     try:
-        listed = parse_setting({"allow": list(allow)})
+        return parse_setting({"allow": list(allow)})
     except ValueError as e:
         raise UsageError(f"--allow: {e}") from None
-    return listed if isinstance(listed, str) else listed.model_dump(mode="json")
 
 
 @app.command()
@@ -214,8 +214,10 @@ def task(
         "stall_timeout": stall_timeout,
         "max_parallel_children": max_parallel,
         "executor": executor,
-        "network": network_flag(network, allow),
     }  # flags override orch.toml, and travel with a detached run to its worker
+    wanted = network_flag(network, allow)  # the run's, over its agent's; its children's default
+    if wanted is not None:
+        overrides["network"] = wanted if isinstance(wanted, str) else wanted.model_dump(mode="json")
     project = open_project(workdir, **overrides)
     if config is not None and config.needs_git and not is_git_repo(project.root):
         raise UsageError(
@@ -241,6 +243,7 @@ def task(
         timeout=timeout,
         background=background,
         description=description,
+        network=wanted,
     )
     runner = make_runner(
         project,

@@ -54,7 +54,10 @@ class AllowList(BaseModel):
         return tuple(Rule.parse(v).text for v in value)
 
 
-def parse_setting(value: object) -> Literal["none", "host"] | AllowList:
+NetworkMode = Literal["none", "host"]
+
+
+def parse_setting(value: object) -> NetworkMode | AllowList:
     """A ``network`` value as read from a file (settings, agent frontmatter, team file);
     ValueError with the one line to show."""
     if isinstance(value, AllowList):
@@ -76,7 +79,7 @@ def parse_setting(value: object) -> Literal["none", "host"] | AllowList:
 
 
 # "none", "host" or {allow = [...]}: a bad value is one line (parse_setting), not a union's
-NetworkSetting = Annotated[Literal["none", "host"] | AllowList, BeforeValidator(parse_setting)]
+NetworkSetting = Annotated[NetworkMode | AllowList, BeforeValidator(parse_setting)]
 
 
 def normal_name(name: str) -> str | None:
@@ -138,7 +141,7 @@ class Rule:
             ports: frozenset[int] | None = WEB_PORTS
         elif port_text == "*":
             ports = None
-        elif port_text.isdigit() and 1 <= int(port_text) <= 65535:
+        elif port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535:
             ports = frozenset({int(port_text)})
         else:
             raise ValueError(f"network.allow entry {text!r}: the port must be 1-65535 or *")

@@ -16,6 +16,7 @@ from .opened import Project
 
 if TYPE_CHECKING:
     from ..catalog.definitions import Catalog
+    from ..egress.rules import NetworkSetting
     from ..engine.runner import Runner
     from ..models import ModelProvider
     from ..spec import RunSpec
@@ -80,8 +81,10 @@ def root_spec(
     timeout: float | None = None,
     background: bool = False,
     description: str = "",
+    network: NetworkSetting | None = None,
 ) -> RunSpec:
-    """The spec of a root run a command asks for."""
+    """The spec of a root run a command asks for (``network``: the flag's, over its
+    agent's)."""
     from ..spec import Limits, RunSpec
     from ..workspaces.registry import tier_config
 
@@ -97,4 +100,5 @@ def root_spec(
         workspace=tier_config(isolation) if isolation else None,
         limits=Limits(max_turns=max_turns, timeout_seconds=timeout, max_depth=max_depth),
         background=background,
+        network=network,
     )
