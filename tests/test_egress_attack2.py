@@ -64,7 +64,8 @@ def probe_script(repo: Path, other: int, name: str = "script.yaml", out: str = "
 def task_json(repo: Path, *args: str) -> dict[str, Any]:
     r = orch("task", "x", "--json", *args, cwd=repo, timeout=120)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    result: dict[str, Any] = json.loads(r.stdout)
+    return result
 
 
 # -- 1. the CLI's --allow / --network lose to the agent file's network -------------------
