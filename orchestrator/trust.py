@@ -82,7 +82,7 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -177,7 +177,7 @@ class AgentFloor:
     value: Any
     replaces: Path | None = None
     bundled: bool = False  # ``replaces`` is a bundled agent
-    kind: str = "agents"  # or "teams"
+    kind: Literal["agents", "teams"] = "agents"
 
 
 @dataclass(frozen=True)

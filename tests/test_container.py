@@ -485,7 +485,7 @@ def test_reap_by_label_removes_only_containers_of_dead_owners(repo: Path) -> Non
             labels = owner_labels(f"r-{who}", "c-reap")
             if who == "dead":
                 labels.update({"orch.owner_pid": str(dead.pid), "orch.owner_start": "1"})
-            ids[who] = create_container(client, cfg, UID, UID, labels)
+            ids[who] = create_container(client, cfg, UID, UID, labels, network_mode="none")
             client.api.start(ids[who])
     finally:
         client.close()

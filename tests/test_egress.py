@@ -457,3 +457,20 @@ def test_an_agent_is_told_its_network_and_a_parent_each_agents(repo: Path) -> No
         "- fetcher [network: pypi.org, *.pythonhosted.org]: Gets packages." in task["description"]
     )
     assert "nor with a wider network" in task["description"]
+
+
+def test_a_team_within_the_users_network_needs_no_trust_whatever_the_repository_narrows(
+    tmp_path: Path,
+) -> None:
+    """The user's settings say host; the repository's orch.toml narrows them to none and its
+    team asks pypi.org: within the user's, so validate passes and `orch trust` has nothing
+    to trust (one rule, the user's settings as the baseline, for both)."""
+    user = Path.home() / ".orch" / "config.toml"
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text('network = "host"\n')
+    repo = init_repo(tmp_path / "narrow", {"orch.toml": 'network = "none"\n'})
+    (repo / ".orch" / "teams").mkdir(parents=True)
+    (repo / ".orch" / "teams" / "t.toml").write_text('network = { allow = ["pypi.org"] }\n')
+    r = orch("team", "validate", "t", cwd=repo)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert json.loads(orch("trust", "--show", "--json", cwd=repo).stdout)["settings"] == {}

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..egress.proxy import SOCKET_INSIDE
+from ..egress.bridge import SOCKET_INSIDE
 from ..errors import OrchError
 from ..fs.realpath import resolved, resolved_lax
 from ..models import secret_env_prefixes

@@ -19,7 +19,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ..egress.rules import NetworkMode as NetworkMode  # the --network flag's values
-from ..egress.summary import summarize
+from ..egress.summary import of_run
 from ..egress.summary import text as egress_text
 from ..errors import OrchError
 from ..process import opened
@@ -174,13 +174,7 @@ def tier_notes(workspace: dict[str, Any]) -> str:
 def with_egress(store: RunStore, result: RunResult) -> RunResult:
     """``result`` with what its run reached through the egress proxy (its ``egress``
     events), when it asked for anything."""
-    asked = [
-        e["data"]
-        for e in store.events(result.run_id)
-        if e.get("kind") == "egress" and isinstance(e.get("data"), dict)
-    ]
-    if asked:
-        result.egress = summarize(asked)
+    result.egress = of_run(store.events(result.run_id))
     return result
 
 

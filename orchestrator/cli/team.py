@@ -144,9 +144,7 @@ def validate(
     for team in names:
         try:
             file = load_team(project.root, team)
-            where = f"{TEAMS_DIR}/{team}.toml"
-            trusted, network = project.trust.honoured, project.settings.network
-            check_file_trust(file, where, trusted=trusted, network=network)
+            check_file_trust(team, f"{TEAMS_DIR}/{team}.toml", project.trust)
             check_plan(make_plan(file, team), catalog, tools)
         except UsageError as e:
             bad += 1
@@ -230,10 +228,8 @@ def run(
         raise UsageError("--gate-timeout must be a number of seconds greater than 0")
     project = open_project(workdir, model=model)
     file = load_team(project.root, team) if team is not None else None
-    if file is not None:
-        where = f"{TEAMS_DIR}/{team}.toml"
-        trusted, network = project.trust.honoured, project.settings.network
-        check_file_trust(file, where, trusted=trusted, network=network)
+    if team is not None:
+        check_file_trust(team, f"{TEAMS_DIR}/{team}.toml", project.trust)
     mode = "squash" if squash else {True: "merge", False: "none", None: None}[merge]
     plan = make_plan(
         file,

@@ -65,7 +65,7 @@ def run(store: RunStore, root: Path, record: RunRecord) -> dict[str, Any]:
 
 def network(record: RunRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
     """What the run's commands may reach, and what they asked the egress proxy for."""
-    asked = [e for e in events if e.get("kind") == "egress" and isinstance(e.get("data"), dict)]
+    asked = egress.egress_events(events)
     reach = Reach.from_info((record.workspace or {}).get("network"))
     return {
         "reach": reach.describe(),

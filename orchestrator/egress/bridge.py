@@ -5,7 +5,8 @@ The sandbox has no network of its own (bubblewrap's ``--unshare-net``, Docker's
 ``network_mode=none``): its programs reach the proxy only through this listener, which
 opens the socket and says its run's token before the client's first byte. The proxy
 decides everything; this program holds no policy, and a command that kills or replaces it
-only loses its own way out.
+only loses its own run's way out (a host tier's next command has a bridge of its own; a
+container's one bridge is gone for the rest of the run).
 
 Standard library only: it runs as ``python3 -I -S`` (the host's interpreter in a host
 tier, the image's in a container). Usage:
@@ -28,6 +29,21 @@ import threading
 import time
 
 CHUNK = 256 * 1024
+PORT = 3128  # where the bridge listens in every sandbox (its own network namespace)
+SOCKET_INSIDE = "/run/orch-egress.sock"  # where a sandbox sees its run's proxy socket
+HELLO = b"ORCH-EGRESS "  # then the token and a newline: the first bytes on the socket
+
+
+def argv(python: str, token: str, then: list[str] | None) -> list[str]:
+    """How a sandbox starts the bridge with ``python``: before ``then`` (a host tier's
+    command), or alone as a daemon (``then`` None: a container's, the source as ``-c``)."""
+    if then is None:
+        with open(__file__, encoding="utf-8") as f:
+            program = ["-c", f.read()]
+        tail = ["--daemon"]
+    else:
+        program, tail = [os.path.realpath(__file__)], ["--", *then]
+    return [python, "-I", "-S", *program, str(PORT), SOCKET_INSIDE, token, *tail]
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -77,13 +93,13 @@ def _quiet() -> None:
     os.close(null)
 
 
-def main(argv: list[str]) -> int:
-    mode = argv[3] if len(argv) > 3 else ""
-    if mode not in ("--", "--daemon") or (mode == "--" and len(argv) < 5):
+def main(args: list[str]) -> int:
+    mode = args[3] if len(args) > 3 else ""
+    if mode not in ("--", "--daemon") or (mode == "--" and len(args) < 5):
         print("usage: bridge.py PORT SOCKET TOKEN (-- COMMAND... | --daemon)", file=sys.stderr)
         return 2
-    port, path, command = int(argv[0]), argv[1], argv[4:]
-    hello = b"ORCH-EGRESS " + argv[2].encode() + b"\n"
+    port, path, command = int(args[0]), args[1], args[4:]
+    hello = HELLO + args[2].encode() + b"\n"
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

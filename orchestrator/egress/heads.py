@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from http import HTTPStatus
 from urllib.parse import urlsplit
 
-from .rules import normal_name
+from .rules import normal_name, split_host_port
 
 _METHOD = re.compile(r"[A-Z]{1,16}")  # what an event may keep of it
 
 
-@dataclass
+@dataclass(frozen=True)
 class Request:
     method: str
     host: str
@@ -62,14 +63,11 @@ def parse_head(head: bytes) -> Request:
 
 def split_target(target: str, default: int | None = None) -> tuple[str, int]:
     """``host:port`` (``[v6]:port``) as a normal name and a port; :class:`Refused` (400)."""
-    host, port_text = target, ""
-    if target.startswith("["):
-        inside, _, rest = target[1:].partition("]")
-        host, port_text = inside, rest.removeprefix(":")
-    elif target.count(":") == 1:
-        host, _, port_text = target.partition(":")
-    if not port_text and default is not None:
-        port_text = str(default)
+    try:
+        host, written = split_host_port(target)
+    except ValueError:
+        raise Refused(400, f"not a host:port: {target[:100]!r}") from None
+    port_text = written or (str(default) if default is not None else "")
     name = normal_name(host)
     digits = port_text.isascii() and port_text.isdigit()
     if name is None or not digits or not 0 < int(port_text) < 65536:
@@ -78,8 +76,7 @@ def split_target(target: str, default: int | None = None) -> tuple[str, int]:
 
 
 def refusal(status: int, reason: str) -> bytes:
-    words = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 502: "Bad Gateway"}
-    word = words[status]
+    word = HTTPStatus(status).phrase
     body = f"orch egress: {reason}\n".encode()
     head = (
         f"HTTP/1.1 {status} {word}\r\nContent-Type: text/plain; charset=utf-8\r\n"

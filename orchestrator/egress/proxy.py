@@ -23,7 +23,6 @@ import concurrent.futures
 import contextlib
 import functools
 import hmac
-import ipaddress
 import os
 import resource
 import secrets
@@ -37,22 +36,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from . import bridge as bridge_program
+from . import bridge
 from .heads import Refused, Request, parse_head, refusal
 from .rules import Reach, as_address
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 Report = Callable[[dict[str, Any]], None]
 
-BRIDGE_PORT = 3128  # the bridge's port inside every sandbox (its own network namespace)
-SOCKET_INSIDE = "/run/orch-egress.sock"  # where a sandbox sees the proxy's socket
 HEAD_MAX = 64 * 1024
 HELLO_S = 5.0  # the bridge's token line (it says it at once)
 HEAD_S = 30.0  # the request head
 RESOLVE_S = 10.0
 CONNECT_S = 10.0
 CHUNK = 256 * 1024
-LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
 MAX_EVENTS = 1000  # a run's egress events; more are counted, not stored
 MAX_OPEN = 256  # a run's connections at once (each holds two of our descriptors), at most
 RESOLVING = 4  # a run's names being resolved at once
@@ -102,13 +98,8 @@ class Door:
         """The proxy variables of the run's commands (upper and lower case: tools read
         either). Loopback goes around the proxy (to the sandbox's own) unless the list names
         a loopback address: then it is the host's, through the proxy."""
-        url = f"http://127.0.0.1:{BRIDGE_PORT}"
-        loop = any(
-            r.network is not None and r.network.overlaps(LOOPBACK[r.network.version])
-            for layer in self.reach.layers
-            for r in layer
-        )
-        no_proxy = "" if loop else "localhost,127.0.0.1,::1"
+        url = f"http://127.0.0.1:{bridge.PORT}"
+        no_proxy = "" if self.reach.names_loopback() else "localhost,127.0.0.1,::1"
         out: dict[str, str] = {}
         for name, value in [("http_proxy", url), ("https_proxy", url), ("all_proxy", url)]:
             out[name] = out[name.upper()] = value
@@ -121,33 +112,11 @@ class Door:
 
     def wrap(self, argv: list[str], python: str) -> list[str]:
         """``argv`` behind the bridge (a host tier's command): ``python`` runs it."""
-        bridge = str(Path(bridge_program.__file__).resolve())
-        return [
-            python,
-            "-I",
-            "-S",
-            bridge,
-            str(BRIDGE_PORT),
-            SOCKET_INSIDE,
-            self.token,
-            "--",
-            *argv,
-        ]
+        return bridge.argv(python, self.token, argv)
 
     def daemon(self, python: str = "python3") -> list[str]:
-        """The bridge as a container starts it once (its source as ``-c``)."""
-        source = Path(bridge_program.__file__).read_text()
-        return [
-            python,
-            "-I",
-            "-S",
-            "-c",
-            source,
-            str(BRIDGE_PORT),
-            SOCKET_INSIDE,
-            self.token,
-            "--daemon",
-        ]
+        """The bridge as a container starts it once."""
+        return bridge.argv(python, self.token, None)
 
     def note(self, event: dict[str, Any]) -> None:
         if self.events >= MAX_EVENTS:
@@ -231,14 +200,16 @@ class EgressProxy:
             writer.transport.abort()
             return
         if len(door.tasks) >= self._cap:
-            writer.write(refusal(429, f"more than {self._cap} connections at once"))
+            reason = f"more than {self._cap} connections at once"
+            door.note({"allowed": False, "reason": reason})
+            writer.write(refusal(429, reason))
             writer.transport.close()  # (a fresh socket takes the answer whole)
             return
         door.tasks.add(task)
         try:
             hello = await asyncio.wait_for(reader.readuntil(b"\n"), HELLO_S)
-            said = hello.removeprefix(b"ORCH-EGRESS ").strip()
-            if hello.startswith(b"ORCH-EGRESS ") and hmac.compare_digest(said, door.token.encode()):
+            said = hello.removeprefix(bridge.HELLO).strip()
+            if hello.startswith(bridge.HELLO) and hmac.compare_digest(said, door.token.encode()):
                 await self._request(door, reader, writer)
         except (OSError, EOFError, ValueError, asyncio.LimitOverrunError, TimeoutError):
             pass  # the client went, or sent no request
@@ -336,6 +307,7 @@ class Egress:
     def __init__(self, resolve: Resolver | None = None) -> None:
         self.resolve = resolve
         self._proxy: EgressProxy | None = None
+        self._stack = contextlib.AsyncExitStack()  # the running proxy's lifetime
         self._users = 0
         self._lock = asyncio.Lock()
 
@@ -344,7 +316,8 @@ class Egress:
         """``door`` open through the process's proxy (started for it if none runs)."""
         async with self._lock:
             if self._proxy is None:
-                self._proxy = await EgressProxy(resolve=self.resolve).__aenter__()
+                started = EgressProxy(resolve=self.resolve)
+                self._proxy = await self._stack.enter_async_context(started)
             self._users += 1
             proxy = self._proxy
         try:
@@ -356,4 +329,4 @@ class Egress:
                 self._users -= 1
                 if self._users == 0 and self._proxy is proxy:
                     self._proxy = None
-                    await proxy.__aexit__(None, None, None)
+                    await self._stack.aclose()  # the proxy's __aexit__: its directory goes

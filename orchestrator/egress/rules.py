@@ -34,6 +34,7 @@ _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 _EXAMPLES = "e.g. 'pypi.org', '*.github.com', '127.0.0.1:8080'"
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
 # not global, though Python 3.11's is_global says so: local NAT64, site-local
 _LOCAL = (ipaddress.ip_network("64:ff9b:1::/48"), ipaddress.ip_network("fec0::/10"))
 
@@ -134,7 +135,10 @@ class Rule:
     @classmethod
     def parse(cls, text: str) -> Rule:
         raw = text.strip().lower()
-        host, port_text = _split_port(raw, text)
+        try:
+            host, port_text = split_host_port(raw)
+        except ValueError as e:
+            raise ValueError(f"network.allow entry {text!r}: {e}") from None
         if host.endswith(".") and not host.endswith("..") and host != "*.":
             host = host[:-1]  # a fully qualified name's dot
         if port_text is None:
@@ -207,26 +211,21 @@ def _full(network: IPNetwork) -> str:
     return f"/{network.max_prefixlen}"
 
 
-def _split_port(raw: str, text: str) -> tuple[str, str | None]:
-    if raw.startswith("["):
-        inside, sep, rest = raw[1:].partition("]")
+def split_host_port(text: str) -> tuple[str, str | None]:
+    """``host:port``, ``[v6]:port``, ``host``, ``[v6]`` or a bare IPv6 address as the host
+    and the port's text (None: none written); ValueError when brackets do not close."""
+    if text.startswith("["):
+        inside, sep, rest = text[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
-            raise ValueError(f"network.allow entry {text!r}: write an IPv6 address as [::1]:8080")
+            raise ValueError("write an IPv6 address as [::1]:8080")
         return inside, rest[1:] if rest else None
-    if raw.count(":") == 1:
-        host, _, port = raw.partition(":")
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
         return host, port
-    return raw, None  # a name, or a bare IPv6 address (or range)
+    return text, None  # a name, or a bare IPv6 address (or range)
 
 
 Layer = tuple[Rule, ...]
-
-
-@dataclass(frozen=True)
-class Decision:
-    allowed: bool
-    reason: str = ""
-    address: str | None = None  # where to connect (allowed)
 
 
 @dataclass(frozen=True)
@@ -292,6 +291,17 @@ class Reach:
                     f"does not name it (list '{_entry(address, port)}' to allow it)"
                 )
         return ""
+
+    def names_loopback(self) -> bool:
+        """Every layer names a loopback address: the host's loopback is reachable through
+        the proxy (so a sandbox's ``NO_PROXY`` must not send loopback around it)."""
+        return self.mode == "allow" and all(
+            any(
+                r.network is not None and r.network.overlaps(_LOOPBACK[r.network.version])
+                for r in layer
+            )
+            for layer in self.layers
+        )
 
     def info(self) -> str | dict[str, Any]:
         """As a run's record keeps it (``from_info`` reads it back)."""

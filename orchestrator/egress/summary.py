@@ -54,12 +54,26 @@ def line(data: dict[str, Any]) -> str:
     """One ``egress`` event in a line."""
     if "more" in data:
         return f"{_int(data.get('more')):,} more requests, counted but not kept one by one"
+    if not data.get("host"):  # refused before it named one (a bad request, too many)
+        return f"refused: {data.get('reason') or '?'}"
     where = f"{data.get('host')}:{data.get('port')}"
     method = str(data.get("method") or "?")
     if not data.get("allowed"):
         return f"{method} {where} refused: {data.get('reason') or '?'}"
     sent, received = size(_int(data.get("sent"))), size(_int(data.get("received")))
     return f"{method} {where} ({data.get('address')}) allowed · {sent} out, {received} in"
+
+
+def egress_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's ``egress`` events among all its events (as the store gives them)."""
+    return [e for e in events if e.get("kind") == "egress" and isinstance(e.get("data"), dict)]
+
+
+def of_run(events: Iterable[dict[str, Any]]) -> EgressSummary | None:
+    """What a run's events say it reached through the egress proxy; None: it asked
+    nothing."""
+    asked = egress_events(events)
+    return summarize(e["data"] for e in asked) if asked else None
 
 
 def summarize(events: Iterable[dict[str, Any]]) -> EgressSummary:
@@ -71,7 +85,7 @@ def summarize(events: Iterable[dict[str, Any]]) -> EgressSummary:
             out.uncounted += _int(data.get("more"))
             out.requests += _int(data.get("more"))
             continue
-        key = (str(data.get("host") or "?"), _int(data.get("port")))
+        key = (str(data.get("host") or "(no request)"), _int(data.get("port")))
         seen = hosts.setdefault(key, Reached(host=key[0], port=key[1]))
         out.requests += 1
         if data.get("allowed"):

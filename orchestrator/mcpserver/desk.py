@@ -24,6 +24,8 @@ from ..branches import find_branch, merge
 from ..catalog.agent_trust import guard
 from ..catalog.definitions import Catalog, load_catalog
 from ..catalog.guidance import agent_catalog
+from ..egress.summary import of_run
+from ..egress.summary import text as egress_text
 from ..engine.agent import cut
 from ..engine.delegation import branch_line, format_child_result
 from ..engine.runner import Runner
@@ -295,6 +297,8 @@ class Desk:
         if res.error:
             lines.append(f"error: {res.error}")
         lines += [branch_line(a) for a in rec.artifacts if a.get("kind") == "branch"]
+        if (reached := of_run(store.events(rec.run_id))) is not None:
+            lines.append(f"network: {egress_text(reached)}")
         where = f"the whole output: `orch result {rec.run_id} --json`"
         limit = self.project.settings.child_output_limit
         lines.append(cut(res.summary, limit, where) or "(no text yet)")

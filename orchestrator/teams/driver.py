@@ -93,7 +93,7 @@ class TeamDriver:
             system_prompt="",
             source="orch team",
         )
-        self.writer_network = plan.network or runner.catalog.agent(plan.writer).network
+        self.writer_network = runner.catalog.agent(plan.writer).network  # (Crew.spawn: the team's)
 
     # -- the run ------------------------------------------------------------------------
     async def drive(self, run: Driven) -> LoopOutcome:

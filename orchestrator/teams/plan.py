@@ -22,6 +22,7 @@ from ..catalog.teamfiles import read_team
 from ..egress.rules import NetworkSetting
 from ..errors import UsageError
 from ..tools.base import ToolRegistry
+from ..trust import Trust
 from ..workspaces.registry import BRANCH_TIERS, rank
 
 MAX_WRITERS = 8
@@ -154,25 +155,23 @@ def check_plan(plan: TeamPlan, catalog: Catalog, tools: ToolRegistry) -> None:
         raise UsageError(f"{who}: gate holds a NUL character, which no command can; remove it")
 
 
-def check_file_trust(
-    file: TeamFile, where: str, *, trusted: bool, network: NetworkSetting = "none"
-) -> None:
-    """A repository's team file may name a model that reads a host file (a script), or a
-    network wider than the settings' ``network``, only once the repository is trusted, like
-    its ``orch.toml`` (``trust.py``)."""
-    from ..egress.rules import Reach
-    from ..models.registry import reads_host
-
-    wide = file.network is not None and not Reach.of(network).covers(Reach.of(file.network))
-    if wide and not trusted:
-        raise UsageError(
-            f"{where}: network reaches wider than this machine's settings allow; a "
-            "repository's team may widen it only once trusted (`orch trust`)"
-        )
-    for role, model in (("writer", file.models.writer), ("reviewers", file.models.reviewers)):
-        if model is not None and reads_host(model) and not trusted:
+def check_file_trust(name: str, where: str, trust: Trust) -> None:
+    """A repository's team file that asks what needs trust (``agent_trust.team_floors``: a
+    network the user's settings do not reach, a model that reads a file of this machine)
+    runs only once the repository is trusted, like its ``orch.toml`` (``trust.py``)."""
+    if trust.honoured:
+        return
+    for f in trust.floors:
+        if f.kind != "teams" or f.name != name:
+            continue
+        if f.key == "network":
             raise UsageError(
-                f"{where}: models.{role} = {model!r} reads a file on this machine; a "
-                "repository's team may name one only once trusted (`orch trust`), or pass "
-                "the model as a flag"
+                f"{where}: network reaches wider than this machine's settings allow; a "
+                "repository's team may widen it only once trusted (`orch trust`)"
             )
+        role, model = next(iter(dict(f.value).items()))
+        raise UsageError(
+            f"{where}: models.{role} = {model!r} reads a file on this machine; a "
+            "repository's team may name one only once trusted (`orch trust`), or pass "
+            "the model as a flag"
+        )

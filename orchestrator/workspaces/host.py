@@ -53,6 +53,10 @@ CHAIN_ENV = ("ORCH_CHAIN_ID", "ORCH_PARENT_RUN_ID", "ORCH_DEPTH")
 # orch's interpreter and package, read-only inside the sandbox even where the private /tmp
 # would cover them, so an `orch` started by a command finds itself (and joins the chain)
 ORCH_ITSELF = (Path(sys.prefix), Path(__file__).resolve().parents[2])
+ALLOW_NEEDS_SANDBOX = (
+    'a network allow-list needs the OS sandbox: set sandbox.os = "bwrap" (or network = '
+    '"host" to run unsandboxed on the whole network)'
+)
 
 
 def os_sandbox_mode(spec: WorkspaceSpec) -> str:
@@ -62,6 +66,8 @@ def os_sandbox_mode(spec: WorkspaceSpec) -> str:
     mode = spec.sandbox.os
     if mode == "bwrap" and (reason := available(spec.sandbox.bwrap)) is not None:
         raise SandboxUnavailable(reason)
+    if mode == "off" and spec.network.mode == "allow":
+        raise OrchError(ALLOW_NEEDS_SANDBOX)
     return mode
 
 
@@ -93,10 +99,7 @@ def confined(
     cfg = spec.sandbox
     if cfg.os == "off":
         if spec.egress is not None:  # nothing would keep its commands to the list
-            raise OrchError(
-                'a network allow-list needs the OS sandbox: set sandbox.os = "bwrap" (or '
-                'network = "host" to run unsandboxed on the whole network)'
-            )
+            raise OrchError(ALLOW_NEEDS_SANDBOX)
         return argv, env
     chain = {k: env[k] for k in CHAIN_ENV if k in env}
     box_env = {**sandbox_env(env, chain), **spec.extra_env}

@@ -12,11 +12,12 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from ...config import SandboxSettings
-from ...egress.proxy import SOCKET_INSIDE
+from ...egress.bridge import SOCKET_INSIDE
+from ...egress.proxy import Door
+from ...egress.rules import Reach
 from ...errors import OrchError, UsageError
 from ..base import process_start
 
@@ -138,16 +139,17 @@ def create_container(
     uid: int,
     gid: int,
     labels: dict[str, str],
-    egress: Path | None = None,
-    network: bool = True,
+    *,
+    network_mode: str,
+    egress: Door | None = None,
 ) -> str:
     """Create (not start) a locked-down container; returns its id (blocking).
 
     No host directory (and no volume) is mounted: ``/workspace``, ``/tmp`` and ``$HOME``
     are tmpfs (the workspace owned by the sandbox user, ``sandbox.workspace_size``); the
-    root filesystem is read-only. ``sandbox.network_mode`` applies only with ``network``
-    (the run's network is ``host``); else it is ``none``. ``egress``: the egress proxy's
-    socket, mounted at ``SOCKET_INSIDE`` (then the only way out).
+    root filesystem is read-only. ``network_mode``: Docker's (``network_mode``, below).
+    ``egress``: the run's door to the egress proxy: its socket mounted at ``SOCKET_INSIDE``
+    (then the only way out) and the proxy variables in every process's environment.
     """
     api = client.api
     owned = f"uid={uid},gid={gid}"
@@ -157,11 +159,11 @@ def create_container(
         cfg.home: f"{TMPFS},size={cfg.home_size},{owned},mode=0700",
     }
     lockdown = cfg.model_dump(include=HOST_CONFIG)  # as the settings name it
-    if egress is not None or not network:
-        lockdown["network_mode"] = "none"
+    lockdown["network_mode"] = network_mode
+    mount = {str(egress.socket): {"bind": SOCKET_INSIDE, "mode": "rw"}} if egress else None
     host = api.create_host_config(
         **lockdown,
-        binds={str(egress): {"bind": SOCKET_INSIDE, "mode": "rw"}} if egress else None,
+        binds=mount,
         memswap_limit=cfg.memswap_limit or cfg.mem_limit,
         nano_cpus=int(cfg.cpus * 1e9),
         auto_remove=True,
@@ -175,6 +177,7 @@ def create_container(
         "GIT_CONFIG_KEY_0": "safe.directory",
         "GIT_CONFIG_VALUE_0": "*",
         "GIT_TERMINAL_PROMPT": "0",
+        **(egress.env() if egress is not None else {}),
     }
     labels = {**labels, "orch.image": cfg.image}
     with docker_errors(cfg.image):
@@ -189,6 +192,12 @@ def create_container(
             hostname="sandbox",
         )
     return str(made["Id"])
+
+
+def network_mode(cfg: SandboxSettings, reach: Reach) -> str:
+    """Docker's network for a run's container: ``sandbox.network_mode`` only when the run's
+    network is the host's; else none (an allow-list goes through the egress proxy)."""
+    return cfg.network_mode if reach.mode == "host" else "none"
 
 
 def start_container(client: Any, container_id: str) -> None:

@@ -166,7 +166,6 @@ class Sandbox:
         self._revive = False  # the server broke after it answered: start another one
         self._restarts = 2  # how many times
         self._visible: bool | None = None  # see _seen
-        self.extra_env: dict[str, str] = {}  # set in every command (the egress proxy's)
         self._daemons: list[Any] = []  # long-lived execs' streams (start_daemon)
 
     def start_server(self) -> None:
@@ -231,7 +230,7 @@ class Sandbox:
             k: v
             for k, v in env.items()
             if k in self.cfg.env_whitelist and k not in ("PATH", "HOME")
-        } | self.extra_env
+        }
         oom_before = oom_kills(cid)
         argv = [self.cfg.shell, "-c", command]
         end = time.monotonic() + timeout_s

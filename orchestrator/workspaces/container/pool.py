@@ -242,7 +242,9 @@ class ContainerPool(Shielded):
     def _make(self) -> Warm:
         chain_id = self.chain[1] if self.chain is not None else ""  # a chain's own: its id
         labels = {**engine.owner_labels(chain_id=chain_id), "orch.pool": "true"}
-        cid = engine.create_container(self._client, self.cfg, self.uid, self.gid, labels)
+        cid = engine.create_container(
+            self._client, self.cfg, self.uid, self.gid, labels, network_mode=self.cfg.network_mode
+        )
         try:
             engine.start_container(self._client, cid)
         except BaseException:

@@ -57,6 +57,7 @@ from .docker import (
     WORKSPACE,
     create_container,
     docker_client,
+    network_mode,
     owner_labels,
     remove_by_id,
     resource_ref,
@@ -142,12 +143,10 @@ class ContainerWorkspace(Shielded):
         return saved.dump()
 
     def _network(self) -> str | dict[str, Any]:
-        """What its commands reach: the allow-list; with the host's, Docker's
-        ``network_mode``; else none."""
+        """What its commands reach: the allow-list, else Docker's network (``network_mode``)."""
         if self.spec.network.mode == "allow":
             return self.spec.network.info()
-        on = self.spec.network.mode == "host" and self.cfg.network_mode != "none"
-        return "host" if on else "none"
+        return "none" if network_mode(self.cfg, self.spec.network) == "none" else "host"
 
     def artifacts(self) -> list[dict[str, Any]]:
         return [dict(a) for a in self._artifacts]
@@ -178,8 +177,9 @@ class ContainerWorkspace(Shielded):
         try:
             self._client = await asyncio.to_thread(docker_client)
             # a pool's containers have sandbox.network_mode and no way to the egress proxy
-            pooled = self.cfg.network_mode == "none" or spec.network.mode == "host"
-            warm = await claim_warm(self.cfg, spec.chain_id) if pooled and not spec.egress else None
+            mode = network_mode(self.cfg, spec.network)
+            pooled = mode == self.cfg.network_mode and spec.egress is None
+            warm = await claim_warm(self.cfg, spec.chain_id) if pooled else None
             if warm is not None:
                 self.container_id, self.pooled = warm.container_id, True
                 ref = resource_ref(warm.container_id, {TOKEN: warm.token})
@@ -194,8 +194,8 @@ class ContainerWorkspace(Shielded):
                     self.uid,
                     self.gid,
                     labels,
-                    spec.egress.socket if spec.egress is not None else None,
-                    spec.network.mode == "host",
+                    network_mode=mode,
+                    egress=spec.egress,
                 )
                 self._ref = sign(spec.run_id, "container", resource_ref(self.container_id, labels))
                 self._register()
@@ -254,8 +254,8 @@ class ContainerWorkspace(Shielded):
         self.start = self.base_commit = head
 
     async def _bridge(self, door: Door) -> None:
-        """The egress bridge, started once: the container's ``127.0.0.1:BRIDGE_PORT`` to
-        the proxy's socket; then every command gets the proxy variables."""
+        """The egress bridge, started once: the container's ``127.0.0.1:3128`` to the run's
+        proxy socket (the proxy variables are in the container's environment)."""
         assert self.box is not None
         try:
             await asyncio.to_thread(self.box.start_daemon, door.daemon(), b"ready\n", 30)
@@ -264,7 +264,6 @@ class ContainerWorkspace(Shielded):
                 f"the egress bridge did not start in image {self.cfg.image} (a network "
                 f"allow-list needs python3 in the image): {e}"
             ) from None
-        self.box.extra_env = door.env()
 
     async def _includes(self) -> tuple[Path, Staging]:
         """The archive to put into /workspace (bundle + includes), in a host temp dir."""
