@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import ipaddress
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +174,29 @@ def pg_db(pg_server: PgServer) -> Iterator[str]:
 def pg_url(pg_server: PgServer, pg_db: str) -> str:
     """The URL of the test's own database (role ``orch``, no password, 127.0.0.1)."""
     return pg_server.url(pg_db, user="orch")
+
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with ``hello from PORT PATH`` (the egress tests' servers)."""
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        body = f"hello from {self.server.server_port} {self.path}".encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[int, int]]:
+    """Two HTTP servers on 127.0.0.1 (an allow-list's allowed port, and another)."""
+    made = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
+    for s in made:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    yield made[0].server_address[1], made[1].server_address[1]
+    for s in made:
+        s.shutdown()
+        s.server_close()

@@ -9,11 +9,8 @@ no_proxy as curl and pip do) and a raw socket for the way around the proxy.
 
 from __future__ import annotations
 
-import http.server
 import json
 import shlex
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,30 +34,6 @@ from tests.support import (
 pytestmark = pytest.mark.bwrap
 
 PY = "python3"
-
-
-class Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-        body = f"hello from {self.server.server_port} {self.path}".encode()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        return None
-
-
-@pytest.fixture
-def servers() -> Iterator[tuple[int, int]]:
-    """Two HTTP servers on 127.0.0.1: the allowed port, and another."""
-    made = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
-    for s in made:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield made[0].server_address[1], made[1].server_address[1]
-    for s in made:
-        s.shutdown()
-        s.server_close()
 
 
 @pytest.fixture(autouse=True)

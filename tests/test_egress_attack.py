@@ -14,14 +14,12 @@ there once its attack is in place, and the victim waits for it.
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import resource
 import shlex
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +30,7 @@ import pytest
 from orchestrator.egress import proxy as proxy_module
 from orchestrator.run import RunRecord
 from tests.support import harness, init_repo, need_bwrap, task_call
-from tests.test_egress import Hello, bash, fetch, outputs
+from tests.test_egress import bash, fetch, outputs
 
 pytestmark = pytest.mark.bwrap
 
@@ -42,18 +40,6 @@ PY = "python3"
 @pytest.fixture(autouse=True)
 def _bwrap() -> None:
     need_bwrap()
-
-
-@pytest.fixture
-def servers() -> Iterator[tuple[int, int]]:
-    """Two HTTP servers on 127.0.0.1 (as tests/test_egress.py's): allowed, and another."""
-    made = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
-    for s in made:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield made[0].server_address[1], made[1].server_address[1]
-    for s in made:
-        s.shutdown()
-        s.server_close()
 
 
 @pytest.fixture

@@ -10,17 +10,14 @@ name is resolved by real DNS.
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import git, init_repo, need_bwrap, orch, write_script
-from tests.test_egress import Hello, bash, fetch
+from tests.test_egress import bash, fetch
 
 pytestmark = pytest.mark.bwrap
 
@@ -28,18 +25,6 @@ pytestmark = pytest.mark.bwrap
 @pytest.fixture(autouse=True)
 def _bwrap() -> None:
     need_bwrap()
-
-
-@pytest.fixture
-def servers() -> Iterator[tuple[int, int]]:
-    """Two HTTP servers on 127.0.0.1 (as tests/test_egress.py's): allowed, and another."""
-    made = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello) for _ in range(2)]
-    for s in made:
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield made[0].server_address[1], made[1].server_address[1]
-    for s in made:
-        s.shutdown()
-        s.server_close()
 
 
 @pytest.fixture
