@@ -22,10 +22,10 @@ read it, no other sandbox can.
 
 from __future__ import annotations
 
+import _socket  # the C module: ``socket`` imports enum and selectors (≈ 10 ms a command)
+import _thread
 import os
-import socket
 import sys
-import threading
 import time
 
 CHUNK = 256 * 1024
@@ -46,7 +46,10 @@ def argv(python: str, token: str, then: list[str] | None) -> list[str]:
     return [python, "-I", "-S", *program, str(PORT), SOCKET_INSIDE, token, *tail]
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+Socket = _socket.socket
+
+
+def _pump(src: Socket, dst: Socket, done: _thread.LockType | None = None) -> None:
     try:
         while data := src.recv(CHUNK):
             dst.sendall(data)
@@ -54,35 +57,41 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         try:
-            dst.shutdown(socket.SHUT_WR)
+            dst.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
+        if done is not None:
+            done.release()
 
 
-def _serve(conn: socket.socket, path: str, hello: bytes) -> None:
-    with conn:
-        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with up:
-            try:
-                up.connect(path)
-                up.sendall(hello)
-            except OSError:
-                return
-            back = threading.Thread(target=_pump, args=(up, conn), daemon=True)
-            back.start()
-            _pump(conn, up)
-            back.join()
+def _serve(conn: Socket, path: str, hello: bytes) -> None:
+    up = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        up.connect(path)
+        up.sendall(hello)
+    except OSError:
+        up.close()
+        conn.close()
+        return
+    back = _thread.allocate_lock()
+    back.acquire()
+    _thread.start_new_thread(_pump, (up, conn, back))
+    _pump(conn, up)
+    back.acquire()  # until the answer's end
+    up.close()
+    conn.close()
 
 
-def _accept(listener: socket.socket, path: str, hello: bytes) -> None:
+def _accept(listener: Socket, path: str, hello: bytes) -> None:
     while True:
         try:
-            conn, _ = listener.accept()
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # (socket.accept wraps it)
         except OSError:
             time.sleep(0.05)  # out of descriptors: try again soon
             continue
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_serve, args=(conn, path, hello), daemon=True).start()
+        conn = _socket.socket(fileno=fd)
+        conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        _thread.start_new_thread(_serve, (conn, path, hello))
 
 
 def _quiet() -> None:
@@ -100,9 +109,9 @@ def main(args: list[str]) -> int:
         return 2
     port, path, command = int(args[0]), args[1], args[4:]
     hello = HELLO + args[2].encode() + b"\n"
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", port))
         listener.listen(512)
     except OSError as e:
@@ -121,7 +130,7 @@ def main(args: list[str]) -> int:
             print(f"orch egress bridge: {command[0]}: {e}", file=sys.stderr)
         os._exit(127)
     _quiet()
-    threading.Thread(target=_accept, args=(listener, path, hello), daemon=True).start()
+    _thread.start_new_thread(_accept, (listener, path, hello))
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
