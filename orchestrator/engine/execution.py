@@ -59,6 +59,7 @@ class LiveRun:
     workspace: Workspace | None = None  # while open: its children's specs name it
     notifications: list[str] | None = None  # while its loop runs: its next turn's notes
     said: str | None = None  # a description given since it started (``Runner.describe``)
+    reach: Reach | None = None  # while open: what its commands reach (as its record says)
 
     @property
     def held(self) -> bool:
@@ -144,6 +145,7 @@ class Execution:
             async with self._opened(wspec.egress), workspace as ws:
                 info = ws.info()  # progress, as the start: the run's own copy says the same
                 store.patch_run(record.run_id, workspace=info)
+                self.live.reach = Reach.from_info(info.get("network"))  # its children's bound
                 record = record.model_copy(update={**started, "workspace": info})
                 notifications: list[str] = []
                 self.live.notifications = notifications  # Runner.notify appends here
@@ -164,7 +166,7 @@ class Execution:
                     settings=self.settings,
                     store=store,
                     model=self.drive is None,
-                    network=ws.info().get("network") == "host",
+                    network=info.get("network") == "host",
                 ) as tools:
                     ctx = self._context(record, runtime, env, tools, spawner, notifications)
                     ctx.memory = memory
@@ -192,11 +194,15 @@ class Execution:
 
     def _reach(self, record: RunRecord) -> Reach:
         """What the run's commands reach: the spawner's word, else its agent's, else the
-        settings' network; never wider than its parent's (as the parent's record says)."""
+        settings' network; never wider than its parent's (as the parent's record says: read
+        from the store only when the parent runs in another process)."""
         asked = self.live.spec.network or self.definition.network or self.settings.network
         reach = Reach.of(asked)
         if record.parent_run_id is None:
             return reach
+        live = self.host.live.get(record.parent_run_id)
+        if live is not None and live.reach is not None:
+            return reach.meet(live.reach)
         parent = self.store.get_run(record.parent_run_id)
         held = (parent.workspace or {}).get("network") if parent is not None else None
         return reach.meet(Reach.from_info(held))  # no record of it: no network
