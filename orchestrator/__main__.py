@@ -8,13 +8,17 @@ from orchestrator.warm.client import run
 
 
 def main() -> None:
-    code = run(sys.argv[1:])
-    if code is not None:
-        sys.stdout.flush()
-        os._exit(code)
-    from orchestrator.cli.main import main as cli_main
+    try:
+        code = run(sys.argv[1:])
+        if code is not None:
+            sys.stdout.flush()
+            os._exit(code)
+        from orchestrator.cli.main import main as cli_main
 
-    cli_main()
+        cli_main()
+    except KeyboardInterrupt:  # Ctrl+C while it starts: as in a command, one line
+        sys.stderr.write("orch: interrupted\n")
+        os._exit(130)
 
 
 if __name__ == "__main__":

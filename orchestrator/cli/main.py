@@ -469,6 +469,9 @@ def main() -> None:
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except KeyboardInterrupt:  # outside a command's own handling (parsing its arguments)
+        sys.stderr.write("orch: interrupted\n")
+        code = 130
     sys.stdout.flush()
     sys.stderr.flush()
     atexit._run_exitfuncs()  # what registered cleanups (temp dirs) still run
