@@ -496,9 +496,9 @@ def test_reap_kills_what_of_a_run_left_its_process_group(tmp_path: Path) -> None
     running (seen under load: `test_a_caller_killed_takes_its_command_with_it`). Reap also
     kills this uid's processes started since the group that carry the run's mark (a
     command's environment, bwrap's --setenv), and nothing else."""
+    from orchestrator.pgroups import group_ref
     from orchestrator.process.reconcile import reap
     from orchestrator.project.statedir import sign
-    from orchestrator.workspaces.base import group_ref
 
     store = SqliteStore(tmp_path / "orch.db")
     run_id = "r-0000000000aa"

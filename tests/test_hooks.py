@@ -6,7 +6,10 @@ Each test runs a scripted parent that delegates to a child, so every check is ma
 from __future__ import annotations
 
 import json
+import os
+import random
 import shlex
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any
 from orchestrator.config import load_settings, load_settings_with_trust
 from orchestrator.run import RunStatus
 from orchestrator.trust import record
-from tests.support import Harness, harness, task_call, tool_results
+from tests.support import Harness, harness, host_pids, none_left, task_call, tool_results
 
 HOOK = textwrap.dedent(
     """
@@ -295,3 +298,29 @@ def test_subagent_stop_is_capped_at_three_returns(project: Path, tmp_path: Path)
     blocks = [e for e in h.store.events(child.run_id) if e["kind"] == "subagent_stop_block"]
     assert len(blocks) == 3
     assert [e["run_id"] for e in events(tmp_path, "stop.log")] == [child.run_id] * 3
+
+
+def test_a_hook_past_its_time_ends_with_all_it_started(project: Path, tmp_path: Path) -> None:
+    """Past ``timeout_s`` the hook is killed with what it started, a process that left its
+    group (``setsid``) included: nothing of it outlives the call."""
+    token = f"{random.randrange(100, 999)}.{random.randrange(10**8)}"
+    command = f"setsid sleep {token} & sleep {token}"
+    toml = f"[[hooks.PreToolUse]]\ncommand = {json.dumps(command)}\ntimeout_s = 1\n"
+    script = {
+        "conversations": [
+            {
+                "depth": 0,
+                "turns": [
+                    {"tool_calls": [bash("echo never")]},
+                    {"expect_result": "PreToolUse hook timed out after 1s", "text": "done"},
+                ],
+            }
+        ]
+    }
+    try:
+        root = with_config(project, toml, script).run()
+        assert root.status == RunStatus.SUCCEEDED, root.error
+        assert none_left(f"sleep {token}")
+    finally:
+        for pid in host_pids(f"sleep {token}"):
+            os.kill(pid, signal.SIGKILL)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.pgroups import process_start
 from orchestrator.project.statedir import sign
 from orchestrator.run import RunRecord, RunStatus, now
 from orchestrator.store import RunStore, SqliteStore
-from orchestrator.workspaces.base import process_start
 from tests.support import git, init_repo, orch, wait_for, write_script
 
 IMAGE = "orch-test-busybox:latest"

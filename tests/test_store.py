@@ -418,7 +418,7 @@ def test_package_exports() -> None:
 
 
 def test_reaping_never_kills_a_stranger_that_reuses_a_group_id() -> None:
-    from orchestrator.workspaces.base import group_ref, kill_group_ref, process_start
+    from orchestrator.pgroups import group_ref, kill_group_ref, process_start
 
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:

@@ -207,7 +207,8 @@ class EgressProxy:
             return
         door.tasks.add(task)
         try:
-            hello = await asyncio.wait_for(reader.readuntil(b"\n"), HELLO_S)
+            async with asyncio.timeout(HELLO_S):
+                hello = await reader.readuntil(b"\n")
             said = hello.removeprefix(bridge.HELLO).strip()
             if hello.startswith(bridge.HELLO) and hmac.compare_digest(said, door.token.encode()):
                 await self._request(door, reader, writer)
@@ -220,7 +221,8 @@ class EgressProxy:
     async def _request(
         self, door: Door, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_S)
+        async with asyncio.timeout(HEAD_S):
+            head = await reader.readuntil(b"\r\n\r\n")
         started = time.monotonic()
         event: dict[str, Any] = {"allowed": False}
         try:
@@ -259,7 +261,8 @@ class EgressProxy:
         else:
             try:
                 async with door.resolving:  # a few at a time: its slow names are its own
-                    found = await asyncio.wait_for(self.resolve(host, request.port), RESOLVE_S)
+                    async with asyncio.timeout(RESOLVE_S):
+                        found = await self.resolve(host, request.port)
             except (OSError, TimeoutError) as e:
                 raise Refused(502, f"cannot resolve {host}: {e or 'timed out'}") from None
             candidates = [a for a in map(as_address, found) if a is not None]
@@ -277,9 +280,8 @@ class EgressProxy:
         self, address: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
-            return await asyncio.wait_for(
-                asyncio.open_connection(address, port, limit=CHUNK), CONNECT_S
-            )
+            async with asyncio.timeout(CONNECT_S):
+                return await asyncio.open_connection(address, port, limit=CHUNK)
         except (OSError, TimeoutError) as e:
             raise Refused(502, f"cannot connect to {address}:{port}: {e or 'timed out'}") from None
 

@@ -2,7 +2,7 @@
 
 Every run has an owner process (``node`` + ``pid`` + ``pid_start`` in its record):
 :func:`me` and :func:`this_node` say who this process is (a pid with its start time,
-``workspaces.base.process_start``, never mistaken for a later process that reuses it),
+``pgroups.process_start``, never mistaken for a later process that reuses it),
 and :func:`owner_alive` says whether a record's owner still lives. The owner's
 :class:`Supervisor` beats the heartbeat of the runs it holds and watches the store for
 cancel requests (``orch cancel`` from another terminal). An owner on another node (a Ray
@@ -23,8 +23,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Protocol
 
+from ..pgroups import process_start
 from ..run import RunRecord, now
-from ..workspaces.base import process_start
+from ..workspaces.lifetime import stopped
 
 HEARTBEAT_S = 1.0
 REMOTE_STALE_S = 30.0  # a remote owner whose heartbeat is older is taken for gone
@@ -104,9 +105,7 @@ class Supervisor:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stopped(task)
 
     async def _loop(self) -> None:
         while True:

@@ -24,12 +24,10 @@ not a sandbox: bubblewrap (host tiers) and the container are the boundaries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import json
 import os
 import re
-import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any
 
 from ..config import DenyRule, HookCommand, Settings
 from ..mcpclient.names import is_mcp, narrowed
+from ..pgroups import kill_tree, reap, spawn
 from .commands import BUILTIN_CHECKS, command_words, pipelines
 from .hookguard import HookRefused, hook_env, private_cwd, refusal
 
@@ -235,14 +234,15 @@ async def _run_hook(
     if (why := refusal(hook.command, workspace, environ)) is not None:
         raise HookRefused(f"{event} {why}")
     data = json.dumps({"hook_event_name": event, **payload}, default=str).encode()
-    proc = await asyncio.create_subprocess_shell(
+    proc = await spawn(
+        "/bin/sh",
+        "-c",
         hook.command,
         cwd=here,
         env=environ,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
     )
     finished = False
     try:
@@ -252,18 +252,9 @@ async def _run_hook(
     except TimeoutError:
         return HookOutcome(True, f"{event} hook timed out after {hook.timeout_s:g}s")
     finally:
-        if not finished:  # timed out or cancelled: the hook's whole process group goes
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            # wait() also waits for the pipes, which a process that left the group
-            # (setsid) may hold open: bounded, so a hook never hangs the run.
-            try:
-                async with asyncio.timeout(2):
-                    await proc.wait()
-            except TimeoutError:
-                transport = getattr(proc, "_transport", None)  # close the pipes ourselves
-                if transport is not None:
-                    transport.close()
+        if not finished:  # timed out or cancelled: the hook and all it started go
+            kill_tree(proc.pid)
+            await reap(proc, 2.0)  # (bounded: a hook never hangs the run)
     if proc.returncode == 2:
         text = (err or out).decode(errors="replace").strip()
         return HookOutcome(True, text or f"blocked by {event} hook")

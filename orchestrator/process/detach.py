@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 
 from ..errors import OrchError
+from ..pgroups import process_start
 from ..project.statedir import entry, open_log
 from ..run import RunRecord
 from ..store import RunStore, state_dir, store_url
-from ..workspaces.base import process_start
 from .inherit import inheritance, key
 from .unixsock import Lines, NotOurs, connect, enabled, line, try_lock
 

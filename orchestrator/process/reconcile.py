@@ -13,10 +13,10 @@ import asyncio
 from pathlib import Path
 
 from ..engine.owner import foreign, owner_alive
+from ..pgroups import kill_group_ref, kill_marked
 from ..project.statedir import verified
 from ..run import RunRecord, RunStatus, now
 from ..store import RunStore
-from ..workspaces.base import kill_group_ref, kill_marked
 
 SIGNED = ("pgroup", "container")  # refs signed at registration (statedir.sign)
 

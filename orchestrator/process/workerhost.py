@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 
 from ..engine.owner import Supervisor, me
 from ..errors import OrchError
+from ..pgroups import process_start
 from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, state_dir
-from ..workspaces.base import process_start
 from .detach import MAX_LINE, own_worker, paths
 from .executor import attach
 from .inherit import comparable_env, inherited
@@ -129,7 +129,8 @@ class WorkerHost:
         pid, uid, _ = peer(writer.get_extra_info("socket"))
         # read its line first, even to refuse it: closing with it unread would break the
         # caller's pipe before it could read why
-        line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            line = await reader.readline()
         if uid != os.getuid():
             log(f"refused a connection of uid {uid} (pid {pid})")
             return {"ok": False, "error": "another user"}

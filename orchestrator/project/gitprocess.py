@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -41,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrchError
+from ..pgroups import kill_tree, reap, spawn
 
 GIT_TIMEOUT_S = 300.0
 IDENTITY_KEYS = frozenset(
@@ -299,11 +298,6 @@ def _result(code: int | None, out: bytes, err: bytes) -> GitResult:
     return GitResult(code or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def _not_started(cmd: GitCommand, e: OSError) -> OrchError:
     if not cmd.cwd.is_dir():
         return OrchError(f"{cmd.cwd} does not exist")
@@ -327,27 +321,27 @@ def run_sync(cmd: GitCommand, timeout_s: float) -> GitResult:
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        kill_tree(proc.pid)
         proc.communicate()
         raise GitError(cmd.args, cmd.cwd, f"timed out after {timeout_s:.0f}s") from None
     except BaseException:
-        _kill_group(proc.pid)
+        kill_tree(proc.pid)
         proc.wait()
         raise
     return _result(proc.returncode, out, err)
 
 
 async def run_async(cmd: GitCommand, timeout_s: float) -> GitResult:
-    """:func:`run_sync` on the event loop; cancelled, it kills the process group first."""
+    """:func:`run_sync` on the event loop; cancelled (even while it starts), it kills the
+    process group first."""
     try:
-        proc = await asyncio.create_subprocess_exec(
+        proc = await spawn(
             *cmd.argv,
             cwd=cmd.cwd,
             env=cmd.env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
         )
     except OSError as e:
         raise _not_started(cmd, e) from e
@@ -355,12 +349,12 @@ async def run_async(cmd: GitCommand, timeout_s: float) -> GitResult:
         async with asyncio.timeout(timeout_s):
             out, err = await proc.communicate()
     except TimeoutError:
-        _kill_group(proc.pid)
-        await asyncio.shield(proc.wait())
+        kill_tree(proc.pid)
+        await reap(proc)
         raise GitError(cmd.args, cmd.cwd, f"timed out after {timeout_s:.0f}s") from None
     except BaseException:
         if proc.returncode is None:
-            _kill_group(proc.pid)  # not proc.kill(): its poll may reap the child
-        await asyncio.shield(proc.wait())
+            kill_tree(proc.pid)  # not proc.kill(): its poll may reap the child
+        await reap(proc)
         raise
     return _result(proc.returncode, out, err)

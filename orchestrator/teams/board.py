@@ -312,7 +312,8 @@ class Board:
     async def wait_quietly(self, timeout_s: float) -> None:
         """Until the board changes (a driver's wait), at most ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
 
     async def wait(self, seat: Seat, timeout_s: float) -> str:
         """Until the board changes or a message for the seat arrives, at most ``timeout_s``;
@@ -321,7 +322,8 @@ class Board:
             return f"Every task is done or failed.\n{self.listing()}"
         changed = self._changed
         try:
-            await asyncio.wait_for(changed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await changed.wait()
         except TimeoutError:
             return f"Nothing changed in {timeout_s:g}s.\n{self.listing()}"
         return f"The board changed.\n{self.listing()}"

@@ -23,7 +23,6 @@ unchecked ones are ready again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from ..engine.runner import Runner
 from ..errors import OrchError
@@ -31,6 +30,7 @@ from ..project.repo import diff_stats, is_ancestor, rev, short_run_id
 from ..run import RunRecord
 from ..spec import RunSpec
 from ..tools.boardtools import LEAD_TOOLS, TEAMMATE_TOOLS
+from ..workspaces.lifetime import stopped
 from ..workspaces.registry import tier_config
 from . import gate as gates
 from . import review
@@ -179,11 +179,7 @@ class LeadDriver(TeamDriver):
                 await asyncio.wait({lead, changed, *jobs.values()}, return_when="FIRST_COMPLETED")
                 changed.cancel()
         finally:
-            pending = [j for j in (lead, *jobs.values()) if not j.done()]
-            for j in pending:
-                j.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(*pending, return_exceptions=True)
+            await stopped(*(j for j in (lead, *jobs.values()) if not j.done()))
 
     def _startable(self) -> bool:
         """A ready task and a teammate who would be started for it."""

@@ -14,10 +14,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +26,9 @@ from pydantic import BaseModel, ConfigDict
 from ..config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings, Settings
 from ..egress.proxy import Door
 from ..egress.rules import Reach
+from ..pgroups import group_ref, kill_tree, reap, spawn
 from ..project.statedir import sign
+from .lifetime import stopped
 from .piped import Piped
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
@@ -238,111 +238,6 @@ class TierConfig(BaseModel):
         raise NotImplementedError
 
 
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _stat(pid: int | str) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def group_ref(pgid: int) -> str:
-    """How a process group is registered: its id and its leader's start time."""
-    return f"{pgid}:{process_start(pgid) or 0}"
-
-
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None if gone or a zombie)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
-
-
-def kill_group_ref(ref: str) -> int:
-    """Kill a registered group after a crash, never a stranger that reuses its id.
-
-    The proof is the leader's start time (``/proc/PID/stat``): while the leader lives, it
-    must equal the recorded one exactly; once it is gone, only members of that group of
-    this uid started no earlier than the recorded leader are killed. A ref without a start
-    time (or 0: an unreadable one) proves nothing and kills nothing. Returns how many
-    processes were signalled.
-    """
-    pgid_text, _, start_text = ref.partition(":")
-    try:
-        pgid, start = int(pgid_text), int(start_text or 0)
-    except ValueError:
-        return 0
-    if start <= 0 or pgid <= 1:
-        return 0  # no proof (a start time of 0 or none never means "kill anyway")
-    leader = process_start(pgid)
-    if leader is not None and leader != start:
-        return 0  # the id now leads another group
-    return _kill_ours_since(start, lambda pid, fields: int(fields[2]) == pgid)
-
-
-def _kill_ours_since(since: int, chosen: Callable[[str, list[str]], bool]) -> int:
-    """SIGKILL this uid's processes (never this one) started no earlier than ``since``
-    (clock ticks) that ``chosen(pid, stat fields)`` picks; returns how many were signalled."""
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        fields = _stat(entry.name)
-        if fields is None or int(fields[19]) < since:
-            continue
-        try:
-            if entry.stat().st_uid != os.getuid():
-                continue  # never another user's process
-        except OSError:
-            continue  # gone meanwhile
-        if chosen(entry.name, fields):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-    return killed
-
-
-RUN_MARK = "ORCH_PARENT_RUN_ID"  # every command of a run gets it (host tiers: by --setenv)
-
-
-def _marked(pid: str, run_id: str) -> bool:
-    """True if the process carries ``run_id``'s mark: in its environment (a command), or
-    as bwrap's ``--setenv`` for the command it sandboxes (bwrap's own processes)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    mark = f"{RUN_MARK}={run_id}".encode()
-    setenv = f"--setenv\0{RUN_MARK}\0{run_id}\0".encode()
-    return mark in environ.split(b"\0") or setenv in argv
-
-
-def kill_marked(run_id: str, ref: str) -> int:
-    """Kill what a run started that left its process group (bwrap makes the sandboxed
-    command a session of its own; when bwrap's parent is killed before the sandbox has
-    its parent-death signal, the sandbox outlives the group's kill): processes of this
-    uid, started no earlier than the registered group's leader (``ref``, as for
-    :func:`kill_group_ref`), that carry the run's mark. Returns how many were signalled."""
-    try:
-        since = int(ref.partition(":")[2] or 0)
-    except ValueError:
-        return 0
-    if since <= 0:
-        return 0  # no proof, no kill
-    return _kill_ours_since(since, lambda pid, fields: _marked(pid, run_id))
-
-
 def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
     """A task that ends when the process exits, even while its pipes stay open.
 
@@ -395,37 +290,31 @@ async def start_process(
     stderr: bool = False,
 ) -> Started:
     """Start argv in its own process group (stdin: a pipe, else /dev/null; ``stderr``: a
-    pipe of its own, else with stdout), registered."""
-    proc = await asyncio.create_subprocess_exec(
+    pipe of its own, else with stdout), registered. (Cancelled while it starts, nothing of
+    it is left: ``pgroups.spawn``.)"""
+    proc = await spawn(
         *argv,
         cwd=cwd,
         env=dict(env),
         stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE if stderr else asyncio.subprocess.STDOUT,
-        start_new_session=True,
     )
-    # start_new_session: the child leads its own group
     ref = sign(run_id, "pgroup", group_ref(proc.pid))
     sink.register_resource(run_id, "pgroup", ref)
     return Started(proc, ref, sink, run_id)
 
 
 async def stop_process(started: Started) -> None:
-    """Kill a started process's whole group, reap it and forget it.
-
-    Its stdin (a spare's: ``spare.py``) is closed first: a shell still waiting there for a
-    command reads the end and exits, even when it was killed so early that bubblewrap had
-    not yet tied the sandbox to its parent's life (then the group's kill misses it, and
-    ``Process.wait``, which waits for the pipes too, would wait for ever)."""
+    """Kill a started process's whole tree (``pgroups.kill_tree``), reap it and forget it.
+    Its stdin (a spare's: ``spare.py``) is closed first."""
     proc = started.proc
     if proc.stdin is not None and not proc.stdin.is_closing():
         proc.stdin.close()
     # Never `proc.kill()` here: Popen.send_signal polls first, and that poll can reap the
     # child before asyncio's child watcher does (which then reports exit code 255).
-    kill_group(proc.pid)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_WAIT_S)
+    kill_tree(proc.pid)
+    await reap(proc, STOP_WAIT_S)
     started.sink.release_resource(started.run_id, "pgroup", started.ref)
 
 
@@ -445,7 +334,7 @@ async def run_process(
 
 async def finish_process(started: Started, *, timeout_s: float) -> ProcessResult:
     """Collect a started command's output until it exits or ``timeout_s`` passes; then (and
-    on cancel) kill its whole group."""
+    on cancel) kill its whole tree."""
     proc = started.proc
     chunks: list[bytes] = []
     kept = 0
@@ -471,7 +360,7 @@ async def finish_process(started: Started, *, timeout_s: float) -> ProcessResult
             async with asyncio.timeout(timeout_s):
                 await asyncio.wait({reader, exited}, return_when=asyncio.FIRST_COMPLETED)
                 if not exited.done():  # its output is closed but it works on
-                    await proc.wait()
+                    await exited
                 elif not reader.done():
                     # Done, but something it left in the background holds the pipe open:
                     # give the output a moment; the group is stopped below.
@@ -479,15 +368,11 @@ async def finish_process(started: Started, *, timeout_s: float) -> ProcessResult
         except TimeoutError:
             timed_out = True
     finally:
-        # On timeout, cancel or normal exit: nothing of the group outlives the call.
-        kill_group(proc.pid)
-        await asyncio.shield(proc.wait())
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(reader), 1.0)
-        for task in (reader, exited):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # On timeout, cancel or normal exit: nothing of the tree outlives the call.
+        kill_tree(proc.pid)
+        await reap(proc, STOP_WAIT_S)
+        await asyncio.wait({reader}, timeout=1.0)  # (what is left in the pipe)
+        await stopped(reader, exited)
         started.sink.release_resource(started.run_id, "pgroup", started.ref)
     output = b"".join(chunks).decode("utf-8", errors="replace")
     return ProcessResult(

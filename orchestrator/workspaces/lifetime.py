@@ -8,28 +8,44 @@ shape built on it, shared by the workspaces and the container pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 T = TypeVar("T")
 
 
 async def await_shielded(aw: Awaitable[T]) -> T:
-    """Run ``aw`` to completion even if the caller is cancelled meanwhile, then re-cancel."""
+    """Run ``aw`` to completion even if the caller is cancelled meanwhile, then re-cancel.
+
+    The caller was cancelled when its count of cancel requests grew, not when the shield
+    raised: ``aw`` may end in the very turn the cancel arrives (a shield that raises for an
+    ``aw`` already done is a cancel of ours all the same; taken for its end, it was lost)."""
     task = asyncio.ensure_future(aw)
-    cancelled = False
+    current = asyncio.current_task()
+    asked = current.cancelling() if current is not None else 0
     while not task.done():
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                cancelled = True
-        except BaseException:
-            break
-    if cancelled and not task.cancelled() and task.exception() is None:
-        raise asyncio.CancelledError
+    if current is not None and current.cancelling() > asked:
+        if not task.cancelled() and task.exception() is None:
+            raise asyncio.CancelledError
     return task.result()
+
+
+async def stopped(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait for them to end. Unlike ``task.cancel()`` and an ``await``
+    that suppresses ``CancelledError``, a cancel of the caller meanwhile is not taken for
+    theirs: it is raised."""
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # (retrieved: an error on the way out is not logged as lost)
 
 
 class Shielded:

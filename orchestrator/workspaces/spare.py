@@ -41,6 +41,7 @@ from .base import (
     stop_process,
 )
 from .host import confined
+from .lifetime import stopped
 from .piped import Tail
 
 # reads one NUL-ended command from stdin, then runs it in this shell, stdin /dev/null
@@ -258,9 +259,7 @@ class HostPiped:
         with contextlib.suppress(Exception):  # its pipes end with it (what is left, dropped)
             async with asyncio.timeout(1.0):
                 await asyncio.gather(self._drain, _to_end(proc.stdout))
-        self._drain.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._drain
+        await stopped(self._drain)
         transport = getattr(proc, "_transport", None)  # a pipe something else held open
         if transport is not None:
             transport.close()

@@ -240,9 +240,8 @@ class RayExecutor:
         if (node, key, start) in self._known:
             return None
         try:  # a node's answer is data: bounded in time, its shape checked
-            have = await asyncio.wait_for(
-                actor.have.remote(self._secrets, key, start), HAVE_TIMEOUT_S
-            )
+            async with asyncio.timeout(HAVE_TIMEOUT_S):
+                have = await actor.have.remote(self._secrets, key, start)
         except TimeoutError:
             why = f"node {node} did not say what it holds in {HAVE_TIMEOUT_S:.0f} s"
             raise OrchError(why) from None
@@ -297,7 +296,8 @@ class RayExecutor:
 
         self.runner.store.request_cancel([record.run_id])
         try:
-            raw = await asyncio.wait_for(asyncio.shield(waited), self.cfg.cancel_grace_s)
+            async with asyncio.timeout(self.cfg.cancel_grace_s):
+                raw = await asyncio.shield(waited)
             return NodeResult.model_validate(raw)
         except (asyncio.CancelledError, Exception):
             with contextlib.suppress(Exception):

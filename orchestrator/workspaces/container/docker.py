@@ -19,7 +19,7 @@ from ...egress.bridge import SOCKET_INSIDE
 from ...egress.proxy import Door
 from ...egress.rules import Reach
 from ...errors import OrchError, UsageError
-from ..base import process_start
+from ...pgroups import process_start
 
 WORKSPACE = "/workspace"
 MANAGED = "orch.managed"

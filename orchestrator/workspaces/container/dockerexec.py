@@ -362,8 +362,7 @@ class Sandbox:
             kill_exec_group(int(info.get("Pid") or 0), cid)
             if pump.done.done() or time.monotonic() > deadline:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pump.done), 0.25)
+            await asyncio.wait({pump.done}, timeout=0.25)
         if not pump.done.done():  # the last resort: nothing in the container survives
             self.dead = (
                 "the sandbox container was killed to stop a command that would not die; "
@@ -371,8 +370,7 @@ class Sandbox:
             )
             with contextlib.suppress(OrchError):
                 await self._api(api.kill, cid)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pump.done), KILL_GRACE_S)
+            await asyncio.wait({pump.done}, timeout=KILL_GRACE_S)
         return info
 
     # -- programs with stdin and a capped stdout -----------------------------------------

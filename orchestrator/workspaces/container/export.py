@@ -40,9 +40,9 @@ from pydantic import ValidationError
 
 from ...config import DEFAULT_COMMIT_EXCLUDE, SandboxSettings
 from ...errors import OrchError, UsageError
+from ...pgroups import process_start
 from ...project.git import RepoPaths, git
 from ...project.repo import discover, is_ancestor, rev
-from ..base import process_start
 from ..branch import ref_component
 from ..saved import BranchState
 from ..settle import commit_env, commit_message

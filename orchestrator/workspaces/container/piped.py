@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import OrchError
+from ..lifetime import stopped
 from ..piped import Tail
 from .channel import kill_exec_group
 from .dockerexec import Sandbox, create_exec
@@ -90,9 +91,7 @@ class ContainerPiped:
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
         if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
+            await stopped(self._pump)
         with contextlib.suppress(Exception):
             self.wrapped.close()
 

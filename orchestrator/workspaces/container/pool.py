@@ -30,7 +30,7 @@ from typing import Any
 from ...config import SandboxSettings
 from ...errors import OrchError, UsageError
 from ..base import WorkspaceSpec
-from ..lifetime import Shielded, await_shielded
+from ..lifetime import Shielded, await_shielded, stopped
 from . import docker as engine
 from .channel import Server, start_server
 
@@ -162,9 +162,7 @@ class ContainerPool(Shielded):
             if not _AHEAD[self.chain]:
                 del _AHEAD[self.chain]
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stopped(self._task)
         while not self.started.empty():  # started for a claim that never came
             if (left := self.started.get_nowait()) is not None:
                 self.ready.append(left)

@@ -1,0 +1,209 @@
+"""The processes orch starts: each the leader of a session of its own, and how each ends.
+
+- :func:`spawn` starts one (``asyncio.create_subprocess_exec``, a new session) so that a
+  cancel can land at any moment: one that arrives while the process is being made lets
+  the start finish, then stops the process and all it started, and re-raises. (Cancelled
+  there, asyncio kills the leader alone and then waits for its pipes, which whatever the
+  leader started may hold for as long as it runs.)
+- :func:`kill_tree` kills a group and what its members started outside it. A bwrap
+  sandbox is a session of its own, tied to bwrap by a parent-death signal it sets only
+  once it runs: bwrap killed before that leaves the sandbox, and its command, running.
+- :func:`reap` waits for a killed process, and for its pipes a bounded time.
+- After a crash: :func:`group_ref` is how a group is registered; :func:`kill_group_ref`
+  and :func:`kill_marked` kill what a registration proves is ours, never a stranger that
+  reuses an id (the proof is a start time, :func:`process_start`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RUN_MARK = "ORCH_PARENT_RUN_ID"  # every command of a run gets it (host tiers: by --setenv)
+
+
+async def spawn(*argv: str, **options: Any) -> asyncio.subprocess.Process:
+    """``argv`` started in a session of its own (``options`` as for
+    ``asyncio.create_subprocess_exec``). Cancelled while it starts, it stops what it
+    started before it re-raises: nothing outlives the cancel, nothing waits for it."""
+    starting = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(*argv, start_new_session=True, **options)
+    )
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        await asyncio.shield(_discard(starting))
+        raise
+
+
+async def _discard(starting: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    """Let a start the caller gave up on finish (it takes moments), then end its process."""
+    try:
+        proc = await starting
+    except Exception:  # noqa: BLE001 - it never started: nothing to end
+        return
+    kill_tree(proc.pid)
+    await reap(proc)
+
+
+async def reap(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
+    """Wait for a killed ``proc`` to end. ``Process.wait`` waits for its pipes too, which a
+    process outside its group may hold: after ``grace_s`` they are closed here."""
+    try:
+        async with asyncio.timeout(grace_s):
+            await asyncio.shield(proc.wait())
+    except TimeoutError:
+        transport = getattr(proc, "_transport", None)  # asyncio has no public way to
+        if transport is not None:  # close a subprocess's pipes
+            transport.close()
+
+
+def kill_tree(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` and every process its members started outside it
+    (a ``setsid``; a bwrap sandbox), with what those started. The group is stopped first,
+    so that no member starts another while its children are looked for."""
+    try:
+        os.killpg(pgid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        return  # no group left (its leader exited and everything with it)
+    outside: list[int] = []
+    seen: set[int] = set()
+    todo = [pgid]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        kids = _children(pid)
+        todo += kids
+        outside += [k for k in kids if _group(k) not in (pgid, None)]
+    for pid in outside:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children (from ``/proc/PID/task/*/children``, else by their parent ids)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN
+            return [int(p) for p in _pids() if (f := _stat(p)) is not None and int(f[1]) == pid]
+        except OSError:
+            continue
+    return found
+
+
+def _group(pid: int) -> int | None:
+    fields = _stat(pid)
+    return None if fields is None else int(fields[2])
+
+
+def _pids() -> list[str]:
+    return [e for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat`` from its state on (the name, which may hold anything, cut off)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def group_ref(pgid: int) -> str:
+    """How a process group is registered: its id and its leader's start time."""
+    return f"{pgid}:{process_start(pgid) or 0}"
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (None if gone or a zombie)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def kill_group_ref(ref: str) -> int:
+    """Kill a registered group after a crash, never a stranger that reuses its id.
+
+    The proof is the leader's start time (``/proc/PID/stat``): while the leader lives, it
+    must equal the recorded one exactly; once it is gone, only members of that group of
+    this uid started no earlier than the recorded leader are killed. A ref without a start
+    time (or 0: an unreadable one) proves nothing and kills nothing. Returns how many
+    processes were signalled.
+    """
+    pgid_text, _, start_text = ref.partition(":")
+    try:
+        pgid, start = int(pgid_text), int(start_text or 0)
+    except ValueError:
+        return 0
+    if start <= 0 or pgid <= 1:
+        return 0  # no proof (a start time of 0 or none never means "kill anyway")
+    leader = process_start(pgid)
+    if leader is not None and leader != start:
+        return 0  # the id now leads another group
+    return _kill_ours_since(start, lambda pid, fields: int(fields[2]) == pgid)
+
+
+def kill_marked(run_id: str, ref: str) -> int:
+    """Kill what a run started that left its process group (bwrap makes the sandboxed
+    command a session of its own; when bwrap's parent is killed before the sandbox has
+    its parent-death signal, the sandbox outlives the group's kill): processes of this
+    uid, started no earlier than the registered group's leader (``ref``, as for
+    :func:`kill_group_ref`), that carry the run's mark. Returns how many were signalled."""
+    try:
+        since = int(ref.partition(":")[2] or 0)
+    except ValueError:
+        return 0
+    if since <= 0:
+        return 0  # no proof, no kill
+    return _kill_ours_since(since, lambda pid, fields: _marked(pid, run_id))
+
+
+def _kill_ours_since(since: int, chosen: Callable[[str, list[str]], bool]) -> int:
+    """SIGKILL this uid's processes (never this one) started no earlier than ``since``
+    (clock ticks) that ``chosen(pid, stat fields)`` picks; returns how many were signalled."""
+    killed = 0
+    for name in _pids():
+        if int(name) == os.getpid():
+            continue
+        fields = _stat(name)
+        if fields is None or int(fields[19]) < since:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != os.getuid():
+                continue  # never another user's process
+        except OSError:
+            continue  # gone meanwhile
+        if chosen(name, fields):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def _marked(pid: str, run_id: str) -> bool:
+    """True if the process carries ``run_id``'s mark: in its environment (a command), or
+    as bwrap's ``--setenv`` for the command it sandboxes (bwrap's own processes)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    mark = f"{RUN_MARK}={run_id}".encode()
+    setenv = f"--setenv\0{RUN_MARK}\0{run_id}\0".encode()
+    return mark in environ.split(b"\0") or setenv in argv
