@@ -20,11 +20,14 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RUN_MARK = "ORCH_PARENT_RUN_ID"  # every command of a run gets it (host tiers: by --setenv)
+PIPE_POLL_S = 0.02  # how often a reap looks whether the pipes have closed
+STOP_WAIT_S = 0.2  # how long a kill waits for a process it stopped to be stopped
 
 
 async def spawn(*argv: str, **options: Any) -> asyncio.subprocess.Process:
@@ -52,41 +55,69 @@ async def _discard(starting: asyncio.Future[asyncio.subprocess.Process]) -> None
 
 
 async def reap(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
-    """Wait for a killed ``proc`` to end. ``Process.wait`` waits for its pipes too, which a
-    process outside its group may hold: after ``grace_s`` they are closed here."""
-    try:
+    """Wait for a killed ``proc`` to end and for its output pipes to close, ``grace_s`` at
+    most: a process outside its group may hold them, and then they are closed here."""
+    transport = getattr(proc, "_transport", None)  # asyncio has no public way to close
+    try:  # a subprocess's pipes
         async with asyncio.timeout(grace_s):
-            await asyncio.shield(proc.wait())
+            await asyncio.shield(proc.wait())  # (3.11: at once when the exit was seen)
+            while transport is not None and not _pipes_closed(transport):  # noqa: ASYNC110 - no event says so
+                await asyncio.sleep(PIPE_POLL_S)
     except TimeoutError:
-        transport = getattr(proc, "_transport", None)  # asyncio has no public way to
-        if transport is not None:  # close a subprocess's pipes
+        if transport is not None:
             transport.close()
+
+
+def _pipes_closed(transport: asyncio.SubprocessTransport) -> bool:
+    pipes = (transport.get_pipe_transport(fd) for fd in (1, 2))
+    return all(pipe is None or pipe.is_closing() for pipe in pipes)
 
 
 def kill_tree(pgid: int) -> None:
     """SIGKILL process group ``pgid`` and every process its members started outside it
     (a ``setsid``; a bwrap sandbox), with what those started. The group is stopped first,
-    so that no member starts another while its children are looked for."""
+    and each process found outside it before its own children are looked for: none
+    starts another meanwhile. Without a living leader (a command that exited and left
+    background jobs) its members are found by their group."""
     try:
         os.killpg(pgid, signal.SIGSTOP)
     except (ProcessLookupError, PermissionError):
-        return  # no group left (its leader exited and everything with it)
+        return  # no member left (and nothing it started is reachable)
     outside: list[int] = []
     seen: set[int] = set()
-    todo = [pgid]
+    leader = _stat(pgid)
+    if leader is not None and leader[0] not in "ZX" and int(leader[2]) == pgid:
+        todo = [pgid]  # the leader's tree: the usual case, and no search of every process
+    else:  # its members outlived it: found by their group
+        todo = [int(p) for p in _pids() if _group(p) == pgid]
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        kids = _children(pid)
-        todo += kids
-        outside += [k for k in kids if _group(k) not in (pgid, None)]
+        _until_stopped(pid)  # (a fork under way when the stop was sent still completes)
+        for kid in _children(pid):
+            if kid not in seen and _group(kid) not in (pgid, None):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(kid, signal.SIGSTOP)
+                outside.append(kid)
+            todo.append(kid)
     for pid in outside:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _until_stopped(pid: int) -> None:
+    """Until ``pid`` has stopped (or ended): a stop is delivered when it next leaves the
+    kernel, and a fork it is making meanwhile still completes. Bounded: a process in an
+    uninterruptible wait stops only when it leaves it."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    while (fields := _stat(pid)) is not None and fields[0] not in "TtZX":
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.0001)
 
 
 def _children(pid: int) -> list[int]:
@@ -106,7 +137,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _group(pid: int) -> int | None:
+def _group(pid: int | str) -> int | None:
     fields = _stat(pid)
     return None if fields is None else int(fields[2])
 

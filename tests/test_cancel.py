@@ -12,6 +12,7 @@ here for real, at many moments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -19,12 +20,13 @@ import signal
 import subprocess
 import sys
 import time
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import pytest
 
 from orchestrator.bwrap.profile import OsSandbox, sandbox_env
-from orchestrator.pgroups import kill_tree
+from orchestrator.pgroups import kill_tree, reap, spawn
 from orchestrator.store import open_store
 from orchestrator.workspaces.base import NullSink, run_process
 from orchestrator.workspaces.lifetime import Shielded, await_shielded, stopped
@@ -128,6 +130,88 @@ def test_kill_tree_kills_what_left_the_group() -> None:
         wait_for(lambda: len(host_pids(f"sleep {token}")) == 3, 10, "the sleepers")
         kill_tree(leader.pid)
         leader.wait(timeout=10)
+        assert none_left(f"sleep {token}")
+    finally:
+        _kill(f"sleep {token}")
+
+
+def test_kill_tree_finds_the_group_after_its_leader_is_gone() -> None:
+    """The usual end of a command: it exited, a background job of its group lives on,
+    and that job started something in a session of its own (found by a review)."""
+    token = _token()
+    job = f"sh -c 'setsid sleep {token} & exec sleep {token}'"
+    leader = subprocess.Popen(["sh", "-c", f"{job} & exit 0"], start_new_session=True)
+    try:
+        leader.wait(timeout=10)
+        wait_for(lambda: len(host_pids(f"sleep {token}")) == 2, 10, "the job and its child")
+        kill_tree(leader.pid)
+        assert none_left(f"sleep {token}")
+    finally:
+        _kill(f"sleep {token}")
+
+
+def test_kill_tree_stops_what_left_the_group_before_it_can_start_more() -> None:
+    token = _token()
+    forker = f"i=0; while [ $i -lt 3000 ]; do sleep {token} & i=$((i+1)); done; wait"
+    try:
+        for _ in range(3):
+            leader = subprocess.Popen(
+                ["sh", "-c", f"setsid sh -c '{forker}' & sleep {token}"], start_new_session=True
+            )
+            wait_for(lambda: len(host_pids(f"sleep {token}")) > 20, 10, "the forker at work")
+            kill_tree(leader.pid)
+            leader.wait(timeout=10)
+            assert none_left(f"sleep {token}"), "a child started during the kill survived it"
+    finally:
+        _kill(f"sleep {token}")
+
+
+def test_a_reap_closes_the_pipes_a_process_outside_the_group_holds() -> None:
+    """asyncio's ``Process.wait`` returns at once once the exit was seen: the pipes of a
+    process that left the group stay open, and a read of them waits for it."""
+    token = _token()
+
+    async def main() -> bytes:
+        proc = await spawn("sh", "-c", f"setsid sleep {token} & exit 0", stdout=PIPE)
+        while proc.returncode is None:  # noqa: ASYNC110 - the exit, as asyncio saw it
+            await asyncio.sleep(0.01)
+        await reap(proc, 0.2)
+        assert proc.stdout is not None
+        async with asyncio.timeout(5):
+            return await proc.stdout.read()
+
+    try:
+        assert asyncio.run(main()) == b""
+    finally:
+        _kill(f"sleep {token}")
+
+
+def test_a_cancel_while_a_command_ends_cuts_none_of_its_end_short() -> None:
+    token = _token()
+    released: list[str] = []
+
+    class Sink(NullSink):
+        def release_resource(self, run_id: str, kind: str, ref: str) -> None:
+            released.append(ref)
+
+    async def main() -> set[asyncio.Task[object]]:
+        job = asyncio.create_task(
+            run_process(
+                ["sh", "-c", f"sh -c 'setsid sleep {token} & exec sleep {token}' & exit 0"],
+                cwd=None, env=dict(os.environ), timeout_s=30, sink=Sink(), run_id="r",
+            )
+        )  # fmt: skip
+        wait = asyncio.get_running_loop().run_in_executor
+        await wait(None, wait_for, lambda: len(host_pids(f"sleep {token}")) == 2, 10)
+        await asyncio.sleep(0.2)  # it exited; its end waits for the pipe its job holds
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+        return asyncio.all_tasks() - {asyncio.current_task()}
+
+    try:
+        assert asyncio.run(main()) == set()  # its reader and exit watch ended with it
+        assert len(released) == 1  # and its group's registration went
         assert none_left(f"sleep {token}")
     finally:
         _kill(f"sleep {token}")

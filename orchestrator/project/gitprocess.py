@@ -353,8 +353,7 @@ async def run_async(cmd: GitCommand, timeout_s: float) -> GitResult:
         await reap(proc)
         raise GitError(cmd.args, cmd.cwd, f"timed out after {timeout_s:.0f}s") from None
     except BaseException:
-        if proc.returncode is None:
-            kill_tree(proc.pid)  # not proc.kill(): its poll may reap the child
+        kill_tree(proc.pid)  # not proc.kill(): its poll may reap the child
         await reap(proc)
         raise
     return _result(proc.returncode, out, err)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from ..egress.proxy import Door
 from ..egress.rules import Reach
 from ..pgroups import group_ref, kill_tree, reap, spawn
 from ..project.statedir import sign
-from .lifetime import stopped
+from .lifetime import await_shielded, stopped
 from .piped import Piped
 
 MAX_CAPTURE = 1_000_000  # bytes of output kept per command; the rest is drained, dropped
@@ -269,6 +270,15 @@ def _exit_signal(proc: asyncio.subprocess.Process) -> asyncio.Task[None]:
     return asyncio.create_task(watch())
 
 
+async def _reaped(proc: asyncio.subprocess.Process) -> None:
+    """Until asyncio's child watcher has reaped an exited ``proc`` (a moment), at most
+    ``OUTPUT_GRACE_S``: ``Process.wait`` waits for the pipes too, which a job it left in
+    the background may hold."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(OUTPUT_GRACE_S):
+            await asyncio.shield(proc.wait())
+
+
 @dataclass
 class Started:
     """A command's process, started in its own group and registered with its run."""
@@ -311,10 +321,21 @@ async def stop_process(started: Started) -> None:
     proc = started.proc
     if proc.stdin is not None and not proc.stdin.is_closing():
         proc.stdin.close()
-    # Never `proc.kill()` here: Popen.send_signal polls first, and that poll can reap the
-    # child before asyncio's child watcher does (which then reports exit code 255).
+    await await_shielded(_put_down(started, STOP_WAIT_S))
+
+
+async def _put_down(started: Started, grace_s: float, *tasks: asyncio.Task[None]) -> None:
+    """A started command's end, whatever ended it (shielded by its callers: a cancel meanwhile
+    cuts none of it short): its tree killed (never ``proc.kill()``: Popen's poll can reap
+    the child before asyncio's watcher, which then reports 255), what is left in its pipe
+    read for a moment (``tasks[0]``, the reader), its pipes and process reaped, ``tasks``
+    stopped, its group released."""
+    proc = started.proc
     kill_tree(proc.pid)
-    await reap(proc, STOP_WAIT_S)
+    if tasks:
+        await asyncio.wait({tasks[0]}, timeout=OUTPUT_GRACE_S)
+    await reap(proc, grace_s)
+    await stopped(*tasks)
     started.sink.release_resource(started.run_id, "pgroup", started.ref)
 
 
@@ -368,12 +389,11 @@ async def finish_process(started: Started, *, timeout_s: float) -> ProcessResult
         except TimeoutError:
             timed_out = True
     finally:
-        # On timeout, cancel or normal exit: nothing of the tree outlives the call.
-        kill_tree(proc.pid)
-        await reap(proc, STOP_WAIT_S)
-        await asyncio.wait({reader}, timeout=1.0)  # (what is left in the pipe)
-        await stopped(reader, exited)
-        started.sink.release_resource(started.run_id, "pgroup", started.ref)
+        # On timeout, cancel or normal exit: nothing of the tree outlives the call. After a
+        # normal exit the leader is reaped first: a group left empty needs no search.
+        if exited.done() and proc.returncode is None:
+            await await_shielded(_reaped(proc))
+        await await_shielded(_put_down(started, OUTPUT_GRACE_S, reader, exited))
     output = b"".join(chunks).decode("utf-8", errors="replace")
     return ProcessResult(
         exit_code=None if timed_out else proc.returncode,

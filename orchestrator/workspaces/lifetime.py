@@ -37,12 +37,12 @@ async def await_shielded(aw: Awaitable[T]) -> T:
 async def stopped(*tasks: asyncio.Future[Any]) -> None:
     """Cancel ``tasks`` and wait for them to end. Unlike ``task.cancel()`` and an ``await``
     that suppresses ``CancelledError``, a cancel of the caller meanwhile is not taken for
-    theirs: it is raised."""
+    theirs: it is raised, once they have ended."""
     if not tasks:
         return
     for task in tasks:
         task.cancel()
-    await asyncio.wait(tasks)
+    await await_shielded(asyncio.wait(tasks))  # they end before the caller's cancel goes on
     for task in tasks:
         if not task.cancelled():
             task.exception()  # (retrieved: an error on the way out is not logged as lost)
