@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from asyncio.subprocess import PIPE
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -230,27 +231,30 @@ os.waitpid(pid, 0)
 """
 
 
+async def _cancelled_after(
+    delay: float, argv: list[str], cwd: Path, env: Mapping[str, str]
+) -> float:
+    """Run ``argv`` as a command, cancel it ``delay`` seconds in; how long the cancel took
+    (20 s and more: it waits for something, and the test fails there)."""
+    task = asyncio.create_task(
+        run_process(argv, cwd=cwd, env=env, timeout_s=600, sink=NullSink(), run_id="r")
+    )
+    await asyncio.sleep(delay)
+    began = time.monotonic()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        async with asyncio.timeout(20):
+            await task
+    return time.monotonic() - began
+
+
 def test_a_command_cancelled_while_its_sandbox_sets_up_leaves_nothing(tmp_path: Path) -> None:
     token = _token()
     argv, env = [sys.executable, "-c", SLOW_SANDBOX, token], dict(os.environ)
 
-    async def once(delay: float) -> float:
-        task = asyncio.create_task(
-            run_process(argv, cwd=tmp_path, env=env, timeout_s=600, sink=NullSink(), run_id="r")
-        )
-        await asyncio.sleep(delay)
-        began = time.monotonic()
-        task.cancel()
-        try:
-            async with asyncio.timeout(20):
-                await task
-        except asyncio.CancelledError:
-            pass
-        return time.monotonic() - began
-
     try:
         for delay in (0.0, 0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.4):
-            took = asyncio.run(once(delay))
+            took = asyncio.run(_cancelled_after(delay, argv, tmp_path, env))
             assert took < 10, f"a cancel {delay}s in took {took:.1f} s"
             assert none_left(f"sleep {token}"), f"a cancel {delay}s in left the command"
     finally:
@@ -266,23 +270,9 @@ def test_a_sandbox_cancelled_at_any_moment_of_its_start_leaves_nothing(tmp_path:
     box = OsSandbox(workspace=tmp_path, env=sandbox_env(os.environ, {}))
     argv = box.wrap(["bash", "-c", f"sleep {token}"], tmp_path)
 
-    async def once(delay: float) -> float:
-        task = asyncio.create_task(
-            run_process(argv, cwd=tmp_path, env=box.env, timeout_s=600, sink=NullSink(), run_id="r")
-        )
-        await asyncio.sleep(delay)
-        began = time.monotonic()
-        task.cancel()
-        try:
-            async with asyncio.timeout(20):
-                await task
-        except asyncio.CancelledError:
-            pass
-        return time.monotonic() - began
-
     try:
         for step in range(40):  # 0 to 78 ms after the start: before, during, after the setup
-            took = asyncio.run(once(step * 0.002))
+            took = asyncio.run(_cancelled_after(step * 0.002, argv, tmp_path, box.env))
             assert took < 10, f"a cancel {step * 2} ms in took {took:.1f} s"
             assert none_left(token), f"a cancel {step * 2} ms in left the sandbox running"
     finally:
