@@ -10,6 +10,7 @@ it may reach the sandbox except the whitelisted variables.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import shutil
@@ -204,6 +205,18 @@ def test_hidden_paths_show_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in (home / ".ssh").iterdir()) == ["id_rsa"]
     assert sorted(p.name for p in (ws / ".orch").iterdir()) == ["orch.db"]
     assert (home / ".netrc").read_text() == secret
+
+
+def test_a_path_named_several_ways_is_mounted_once(tmp_path: Path) -> None:
+    """A store directory reached by three names (a run's store, its state, a link) is one
+    hidden mount, not three."""
+    ws = tmp_path / "ws"
+    (ws / ".orch").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(ws / ".orch")
+    box = make(ws, hidden=(ws / ".orch", ws / "." / ".orch", tmp_path / "link"))
+    pairs = list(itertools.pairwise(box.mounts()))
+    assert pairs.count(("--tmpfs", str(ws / ".orch"))) == 1
+    assert pairs.count(("--remount-ro", str(ws / ".orch"))) == 1
 
 
 # -- environment and processes ------------------------------------------------------------

@@ -244,13 +244,15 @@ class OsSandbox:
 
     @staticmethod
     def _existing(paths: Iterable[Path]) -> list[Path]:
-        return [p for p in map(resolved, paths) if p is not None]
+        """The paths that exist, resolved, each once (three names of one store directory
+        are one mount)."""
+        return list(dict.fromkeys(p for p in map(resolved, paths) if p is not None))
 
     def wrap(self, argv: Sequence[str], cwd: Path) -> list[str]:
         """The argv that runs ``argv`` in ``cwd`` inside this sandbox.
 
-        Start it with ``start_new_session=True`` and kill its process group to
-        stop it (``run_process`` does both). Raises :class:`SandboxUnavailable`
+        Start it in a session of its own and stop it with ``pgroups.kill_tree``
+        (``run_process`` does both). Raises :class:`SandboxUnavailable`
         when bwrap does not work here.
         """
         found = chosen(self.bwrap)
