@@ -421,9 +421,14 @@ def test_failed_and_cancelled_runs_leave_no_container(repo: Path, sandbox_image:
 
     async def cancel_midway() -> str:
         job = asyncio.create_task(h.runner.run(h.spec("x", isolation="container")))
-        await asyncio.to_thread(wait_for, lambda: bool(labelled("orch.chain_id")))
-        [run_id] = [r.run_id for r in h.store.list_runs() if r.status == RunStatus.RUNNING]
-        [cid] = labelled(f"orch.run_id={run_id}")
+
+        def its_container() -> tuple[str, str] | None:  # (not another test's: ours by run)
+            running = [r.run_id for r in h.store.list_runs() if r.status == RunStatus.RUNNING]
+            found = [(rid, cid) for rid in running for cid in labelled(f"orch.run_id={rid}")]
+            return found[0] if found else None
+
+        found: tuple[str, str] = await asyncio.to_thread(wait_for, its_container)
+        run_id, cid = found
         started = "test -f started && echo yes"
         await asyncio.to_thread(wait_for, lambda: "yes" in inside(cid, started))
         job.cancel()
