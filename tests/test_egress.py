@@ -23,7 +23,6 @@ from tests.support import (
     git,
     harness,
     init_repo,
-    need_bwrap,
     orch,
     sandbox_image,
     task_call,
@@ -34,11 +33,6 @@ from tests.support import (
 pytestmark = pytest.mark.bwrap
 
 PY = "python3"
-
-
-@pytest.fixture(autouse=True)
-def _bwrap() -> None:
-    need_bwrap()
 
 
 @pytest.fixture

@@ -29,17 +29,10 @@ import pytest
 
 from orchestrator.egress import proxy as proxy_module
 from orchestrator.run import RunRecord
-from tests.support import harness, init_repo, need_bwrap, task_call
-from tests.test_egress import bash, fetch, outputs
+from tests.support import harness, init_repo, task_call
+from tests.test_egress import PY, bash, fetch, outputs
 
 pytestmark = pytest.mark.bwrap
-
-PY = "python3"
-
-
-@pytest.fixture(autouse=True)
-def _bwrap() -> None:
-    need_bwrap()
 
 
 @pytest.fixture

@@ -16,15 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.support import git, init_repo, need_bwrap, orch, write_script
+from tests.support import git, init_repo, orch, write_script
 from tests.test_egress import bash, fetch
 
 pytestmark = pytest.mark.bwrap
-
-
-@pytest.fixture(autouse=True)
-def _bwrap() -> None:
-    need_bwrap()
 
 
 @pytest.fixture
