@@ -29,6 +29,7 @@ from pydantic import (
 from .egress.rules import NetworkSetting
 from .errors import UsageError
 from .models import secret_env_prefixes
+from .models.config import ContextSettings, Endpoint, Price
 from .trust import AgentFloor, Trust, TrustCap, gate
 
 # How a numeric setting may be changed by a repository the user has not trusted (trust.py
@@ -322,6 +323,15 @@ class Settings(BaseModel):
     # 10M is ~100 such children (or 500 small ones of 20k); a runaway of 500 runs × 30 turns
     # could reach ~1.5 billion. README ("Limits") has the reasoning.
     max_chain_tokens: int = Field(default=10_000_000, ge=1, json_schema_extra=LIMIT)
+    # Dollars of the whole tree (pricing.py: cache writes and reads priced as such); None: no
+    # dollar budget. A run stops at its next request once the chain has spent it.
+    max_chain_usd: float | None = Field(default=None, gt=0, json_schema_extra=LIMIT)
+    # How long a prompt-cache entry lives: "5m" (writes cost 1.25x input) or "1h" (2x), for
+    # long background runs and teams whose turns are minutes apart. An agent file may say.
+    cache_ttl: Literal["5m", "1h"] = "5m"
+    prices: dict[str, Price] = Field(default_factory=dict)  # model id -> USD per MTok
+    endpoints: dict[str, Endpoint] = Field(default_factory=dict)  # NAME/MODEL -> its server
+    context: ContextSettings = Field(default_factory=ContextSettings)
     # Conversations kept for `resume`, pruned this many days after their last save (0: none kept).
     transcript_retention_days: float = Field(
         default=30, ge=0, json_schema_extra=not_limit("how long your own conversations are kept")

@@ -68,8 +68,23 @@ class Usage(BaseModel):
 
     turns: int = 0
     tool_uses: int = 0
-    input_tokens: int = 0
+    input_tokens: int = 0  # input neither read from nor written to the prompt cache
     output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cost_usd: float = 0.0  # every request priced (pricing.py); 0 for a model it cannot price
+    context_tokens: int = 0  # the input of the latest request: how full the window is
+    compactions: int = 0  # times the conversation was cleared or compacted to fit its window
+
+    @property
+    def tokens(self) -> int:
+        """Every token in and out (``max_chain_tokens`` counts these)."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_creation_input_tokens
+            + self.cache_read_input_tokens
+        )
 
 
 class CommandEvidence(BaseModel):

@@ -51,6 +51,7 @@ class Budgets(BaseModel):
     running: int = Field(ge=1)  # runs working at once (max_chain_running)
     runs: int = Field(ge=1)  # runs in total (max_chain_runs)
     tokens: int | None = Field(default=None, ge=1)  # tokens in total (max_chain_tokens)
+    usd: float | None = Field(default=None, gt=0)  # dollars in total (max_chain_usd)
 
 
 class DriverCall(BaseModel):

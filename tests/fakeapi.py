@@ -20,6 +20,28 @@ from typing import Any
 Responder = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def system_text(body: dict[str, Any]) -> str:
+    """A request's system prompt as one text (a string, or text blocks: the cached part and
+    the run's own facts)."""
+    system = body.get("system")
+    if isinstance(system, list):
+        return "".join(b.get("text", "") for b in system if isinstance(b, dict))
+    return system if isinstance(system, str) else ""
+
+
+def plain(value: Any) -> Any:
+    """``value`` (a request body, its messages...) without prompt-cache markers, and a
+    message's string content as its one text block (a marked message is sent so): what the
+    agent loop holds and stores, in one form."""
+    if isinstance(value, dict):
+        if "role" in value and isinstance(value.get("content"), str):
+            value = {**value, "content": [{"type": "text", "text": value["content"]}]}
+        return {k: plain(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
 def text_reply(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "stop_reason": "end_turn"}
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakeapi import text_reply
+from tests.fakeapi import system_text, text_reply
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 GATE = "grep -q 'a + b' calc.py"  # busybox and any host shell have grep
@@ -19,7 +19,7 @@ FIXED = "def add(a, b):\n    return a + b\n"
 
 
 def agent_of(body: dict[str, Any]) -> str:
-    m = re.search(r"You are agent '([^']+)' at delegation depth", body["system"])
+    m = re.search(r"You are agent '([^']+)' at delegation depth", system_text(body))
     assert m, "every request names its agent in the system prompt"
     return m.group(1)
 

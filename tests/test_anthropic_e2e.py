@@ -17,7 +17,7 @@ from orchestrator.models import ModelProvider
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.spec import RunSpec
 from orchestrator.store import open_store
-from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
+from tests.fakeapi import FakeAPI, serve, system_text, text_reply, tool_reply
 
 
 async def _run(runner: Runner, provider: ModelProvider, prompt: str, root: Path) -> RunRecord:
@@ -26,7 +26,7 @@ async def _run(runner: Runner, provider: ModelProvider, prompt: str, root: Path)
 
 
 def _agent_of(body: dict[str, Any]) -> tuple[str, int]:
-    m = re.search(r"You are agent '([^']+)' at delegation depth (\d+)", body["system"])
+    m = re.search(r"You are agent '([^']+)' at delegation depth (\d+)", system_text(body))
     assert m, "every request names its agent and depth in the system prompt"
     return m.group(1), int(m.group(2))
 
@@ -100,7 +100,16 @@ def test_real_sdk_end_to_end(api: FakeAPI, project: Path, tmp_path: Path) -> Non
     # the child's first request is fresh: one message, the prompt
     child_first = by_depth[1][0]
     assert child_first["messages"] == [
-        {"role": "user", "content": "Inspect the project and report."}
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "Inspect the project and report.",
+                    "cache_control": {"type": "ephemeral"},  # the rolling cache breakpoint
+                }
+            ],
+        }
     ]
     grandchild_first = by_depth[2][0]
     assert len(grandchild_first["messages"]) == 1

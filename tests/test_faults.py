@@ -22,12 +22,12 @@ from orchestrator.store import open_store
 from orchestrator.tools import builtin_tools
 from orchestrator.tools.base import Tool, ToolInput, ToolOutput
 from orchestrator.tools.delegate import delegation_tools
-from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
+from tests.fakeapi import FakeAPI, serve, system_text, text_reply, tool_reply
 from tests.support import harness, task_call, tool_results
 
 
 def _depth(body: dict[str, Any]) -> int:
-    m = re.search(r"at delegation depth (\d+)", body["system"])
+    m = re.search(r"at delegation depth (\d+)", system_text(body))
     assert m
     return int(m.group(1))
 

@@ -19,7 +19,7 @@ from orchestrator.models import ModelProvider
 from orchestrator.run import RunStatus
 from orchestrator.spec import RunSpec
 from orchestrator.store import open_store
-from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
+from tests.fakeapi import FakeAPI, serve, system_text, text_reply, tool_reply
 from tests.support import harness, init_repo, sandbox_image, task_call
 
 CLAUDE = "Always run `make check` before you answer. CLAUDE-RULE-7731"
@@ -144,7 +144,7 @@ def test_network_and_sandbox_facts_follow_the_settings(repo: Path) -> None:
 
 
 def _responder(body: dict[str, Any]) -> dict[str, Any]:
-    if len(body["messages"]) == 1 and "depth 0" in body["system"]:
+    if len(body["messages"]) == 1 and "depth 0" in system_text(body):
         return tool_reply(("task", {"description": "x", "prompt": "look", "isolation": "worktree"}))
     return text_reply("done")
 
@@ -169,9 +169,9 @@ def test_the_first_request_to_the_messages_api_carries_it(
     firsts = [b for b in api.requests if len(b["messages"]) == 1]
     assert len(firsts) == 2  # the root's and the worktree child's
     for body in firsts:
-        system = body["system"] if isinstance(body["system"], str) else str(body["system"])
+        system = system_text(body)
         assert CLAUDE in system and AGENTS in system and USER in system
-    assert "Your own git worktree on branch orch/general/" in str(firsts[1]["system"])
+    assert "Your own git worktree on branch orch/general/" in system_text(firsts[1])
 
 
 @pytest.mark.docker

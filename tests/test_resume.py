@@ -24,14 +24,14 @@ from orchestrator.run import RunRecord, RunStatus
 from orchestrator.spec import RunSpec
 from orchestrator.store import SqliteStore, open_store
 from orchestrator.store.base import bound_transcript
-from tests.fakeapi import FakeAPI, serve, text_reply, tool_reply
+from tests.fakeapi import FakeAPI, plain, serve, system_text, text_reply, tool_reply
 from tests.support import git, harness, init_repo, orch, write_script
 
 TASK_ID = re.compile(r"\[task (r-[0-9a-f]+) ")
 
 
 def _depth(body: dict[str, Any]) -> int:
-    m = re.search(r"at delegation depth (\d+)", body["system"])
+    m = re.search(r"at delegation depth (\d+)", system_text(body))
     assert m
     return int(m.group(1))
 
@@ -118,8 +118,8 @@ def _check_continued(api: FakeAPI, store: SqliteStore, old: RunRecord, new: RunR
     kept = store.transcript(old.run_id)
     assert kept is not None and kept[0] == {"role": "user", "content": "First job."}
     firsts = [b for b in api.requests if _depth(b) == 1 and "Second job." in _last_text(b)]
-    first = firsts[0]["messages"]
-    assert first[: len(kept) - 1] == kept[:-1]  # the old turns, as sent before
+    first = plain(firsts[0]["messages"])
+    assert first[: len(kept) - 1] == plain(kept[:-1])  # the old turns, as sent before
     assert "Second job." in json.dumps(first[-1])  # and the new prompt last
     assert len(first) >= 3  # not a fresh conversation
 

@@ -55,7 +55,10 @@ UNSUPPORTED_TOOLS: dict[str, str] = {
     "mcp__": "an MCP tool is mcp__SERVER or mcp__SERVER__TOOL",
     **dict.fromkeys(["notebookedit", "slashcommand", "exitplanmode", "askuserquestion"], ""),
 }
-_CAMEL = {c.lower(): c for c in ("disallowedTools", "permissionMode", "maxTurns", "mcpServers")}
+_CAMEL = {
+    c.lower(): c
+    for c in ("disallowedTools", "permissionMode", "maxTurns", "mcpServers", "cacheTtl")
+}
 AGENT_FIELDS = frozenset(
     "name description tools model skills isolation background color network".split()
 )
@@ -85,6 +88,7 @@ class AgentDefinition(BaseModel):
     tools: list[str] | None = None  # None: every orch tool; else our tool names
     disallowed_tools: list[str] = Field(default_factory=list)
     model: str | None = None  # None: inherit
+    cache_ttl: Literal["5m", "1h"] | None = None  # None: the ``cache_ttl`` setting
     permission_mode: str | None = None
     max_turns: int | None = None
     skills: list[str] = Field(default_factory=list)
@@ -227,6 +231,9 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
             mcp_servers = agent_servers(p.data["mcpServers"], f"{path} mcpServers", warnings)
         except ValueError as e:
             raise p.error("mcpServers", str(e)) from None
+    cache_ttl = p.opt_str("cacheTtl", "'cacheTtl: 1h'")
+    if cache_ttl is not None and cache_ttl not in ("5m", "1h"):
+        raise p.error("cacheTtl", f"'cacheTtl' must be 5m or 1h, not {cache_ttl!r}")
     background = p.data.get("background")
     if background is not None and not isinstance(background, bool):
         raise p.error("background", f"'background' must be true or false, not {background!r}")
@@ -241,6 +248,7 @@ def parse_agent(text: str, path: Path | str, source: str | None = None) -> Agent
         model=None if model == "inherit" else model,
         permission_mode=p.opt_str("permissionMode", "'permissionMode: default'"),
         max_turns=max_turns,
+        cache_ttl="1h" if cache_ttl == "1h" else "5m" if cache_ttl else None,
         skills=p.str_list("skills", "'skills: git-hygiene, code-review-checklist'") or [],
         isolation=isolation,
         agents=agents,

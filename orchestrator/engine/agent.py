@@ -179,21 +179,14 @@ class AgentRun:
         self.cut_parts: list[str] = []  # a final answer cut at max_tokens, in pieces
         self.ledger = CallLedger()  # the tool_use ids of the conversation, each used once
 
-    def system_prompt(self, memory: str = "") -> str:
-        """The agent's own prompt, its tier's facts, project memory (``memory.py``), skills."""
+    def system_prompt(self, memory: str = "") -> tuple[str, int]:
+        """The agent's own prompt, project memory (``memory.py``) and skills, then its tier's
+        facts; and the length of the part before those facts. That part is the same for every
+        run of the agent in the project (the prompt cache's stable prefix: siblings share
+        it); the facts name the run's own root, branch, depth and network."""
         ctx = self.ctx
         d = ctx.definition
         parts = [d.system_prompt.strip() or "You are a capable coding agent."]
-        parts.append(
-            environment_section(
-                root=ctx.root,
-                isolation=ctx.record.isolation,
-                agent=d.name,
-                depth=ctx.record.depth,
-                max_depth=ctx.record.max_depth,
-                workspace=ctx.record.workspace,
-            )
-        )
         if memory:
             parts.append(memory)
         offered = ctx.policy.offered_tools()
@@ -205,7 +198,16 @@ class AgentRun:
         for name in d.skills:
             if name in ctx.catalog.skills:
                 parts.append(f"\n# Skill: {name}\n{ctx.catalog.skills[name].body}")
-        return "\n".join(parts)
+        stable = "\n".join(parts)
+        facts = environment_section(
+            root=ctx.root,
+            isolation=ctx.record.isolation,
+            agent=d.name,
+            depth=ctx.record.depth,
+            max_depth=ctx.record.max_depth,
+            workspace=ctx.record.workspace,
+        )
+        return f"{stable}\n{facts}", len(stable) + 1
 
     async def run(self, prompt: str, history: list[Message] | None = None) -> LoopOutcome:
         """Run to a final answer. A fresh conversation has the prompt as its one and only
@@ -219,7 +221,8 @@ class AgentRun:
         # read here, not in a thread: at most three small regular files (≈ 0.2 ms), and a
         # hundred children's thread hops cost their fan-out more than the reads
         memory = load_memory(ctx.memory) if ctx.memory is not None else ""
-        system = self.system_prompt(memory)
+        system, stable_chars = self.system_prompt(memory)
+        cache_ttl = ctx.definition.cache_ttl or ctx.settings.cache_ttl
         tools = ctx.tools.schemas(ctx.policy.offered_tools())
         for i, schema in enumerate(tools):  # the task tool names the agents this run may start
             if schema["name"] == "task":
@@ -246,6 +249,8 @@ class AgentRun:
                 agent=ctx.definition.name,
                 run_id=ctx.run_id,
                 depth=ctx.record.depth,
+                stable_chars=stable_chars,
+                cache_ttl=cache_ttl,
             )
             response = await ctx.model.complete(request)
             self.on_progress()

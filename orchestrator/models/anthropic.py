@@ -127,6 +127,66 @@ def _tokens(usage: Any, name: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+BREAKPOINTS = 4  # the Messages API's limit of cache_control blocks in one request
+
+
+def _marker(ttl: str) -> dict[str, str]:
+    return {"type": "ephemeral", "ttl": "1h"} if ttl == "1h" else {"type": "ephemeral"}
+
+
+def _marked(block: Block, marker: dict[str, str]) -> Block | None:
+    """``block`` with ``marker`` as its cache_control, or None where the API takes none
+    (an empty text block, a thinking block)."""
+    kind = block.get("type")
+    if kind in ("thinking", "redacted_thinking") or (kind == "text" and not block.get("text")):
+        return None
+    return {**block, "cache_control": marker}
+
+
+def cached_request(request: ModelRequest) -> dict[str, Any]:
+    """The request's ``tools``, ``system`` and ``messages`` with prompt-cache breakpoints where
+    the Messages API rewards them (it caches the prefix up to each one, in the order tools,
+    system, messages): the last tool; the end of the system prompt's stable part (the same
+    for every run of the agent: siblings read what the first one wrote); and a rolling pair on
+    the conversation, the latest message and the one two back (the previous request's end,
+    so its entry is read even when a turn adds more than the API's 20-block look-back).
+    Copies: the caller's messages are not changed."""
+    marker = _marker(request.cache_ttl)
+    left = BREAKPOINTS
+    out: dict[str, Any] = {}
+    if request.tools:
+        out["tools"] = [*request.tools[:-1], {**request.tools[-1], "cache_control": marker}]
+        left -= 1
+    stable = max(0, min(request.stable_chars, len(request.system)))
+    if stable and request.system[:stable].strip():
+        head: list[Block] = [{"type": "text", "text": request.system[:stable]}]
+        head[0]["cache_control"] = marker
+        rest = request.system[stable:]
+        out["system"] = head + ([{"type": "text", "text": rest}] if rest else [])
+        left -= 1
+    else:
+        out["system"] = request.system
+    messages = list(request.messages)
+    for index in (len(messages) - 1, len(messages) - 3):
+        if left <= 0 or index < 0:
+            break
+        message = messages[index]
+        content = message.get("content")
+        if isinstance(content, str):
+            blocks: list[Any] = [{"type": "text", "text": content}]
+        else:
+            blocks = list(content) if isinstance(content, list) else []
+        for at in range(len(blocks) - 1, -1, -1):
+            block = blocks[at]
+            if isinstance(block, dict) and (marked := _marked(block, marker)) is not None:
+                blocks[at] = marked
+                messages[index] = {**message, "content": blocks}
+                left -= 1
+                break
+    out["messages"] = messages
+    return out
+
+
 class AnthropicModel:
     def __init__(self, client: anthropic.AsyncAnthropic, model_id: str) -> None:
         self.client = client
@@ -138,11 +198,8 @@ class AnthropicModel:
         kwargs: dict[str, Any] = {
             "model": self.model_id,  # the id without its provider prefix
             "max_tokens": request.max_tokens,
-            "system": request.system,
-            "messages": request.messages,
+            **cached_request(request),
         }
-        if request.tools:
-            kwargs["tools"] = request.tools
         try:
             response = await self.client.messages.create(**kwargs)
         except anthropic.AuthenticationError as e:
@@ -167,5 +224,7 @@ class AnthropicModel:
             usage=ModelUsage(
                 input_tokens=_tokens(usage, "input_tokens"),
                 output_tokens=_tokens(usage, "output_tokens"),
+                cache_creation_input_tokens=_tokens(usage, "cache_creation_input_tokens"),
+                cache_read_input_tokens=_tokens(usage, "cache_read_input_tokens"),
             ),
         )

@@ -63,12 +63,27 @@ class ModelRequest:
     agent: str = "general"
     run_id: str = ""
     depth: int = 0
+    # The first ``stable_chars`` characters of ``system`` are the same for every run of
+    # this agent in this project (nothing per run: no id, path, depth or budget): the
+    # prompt cache's stable prefix ends there, after the tools.
+    stable_chars: int = 0
+    cache_ttl: str = "5m"  # "5m" or "1h": how long its prompt-cache entries live
 
 
 @dataclass
 class ModelUsage:
+    """One request's usage, as the Messages API counts it: ``input_tokens`` is the input
+    neither read from nor written to the prompt cache."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The whole input of the request (what the model's window holds)."""
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
 
 
 @dataclass
