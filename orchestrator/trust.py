@@ -31,6 +31,10 @@ repository's files (orch's defaults plus the user's ``~/.orch/config.toml``):
 ``sandbox.env_whitelist``  adds a variable name
 ``model``                  a model that plays a script (``scripted:FILE``): orch would read
 ``model_aliases``          that file on the host (and a line of it could show in an error)
+``endpoints``              an entry differing from the user's: prompts, and the key in the
+                           variable it names, would go to a server the repository chose
+``prices``                 an entry differing from the user's: a lower price would stretch
+                           ``max_chain_usd``
 ``executor``, ``ray``      any change: runs (with the API key) would go to a cluster the
                            repository names
 every limit                a numeric setting marked ``LIMIT`` in ``config.py`` (``max_depth``,
@@ -103,6 +107,8 @@ _GATED_KEYS = (
     "secret_env_patterns",
     "extra_secret_env",
     "store",
+    "endpoints",
+    "prices",
     "sandbox",
     "executor",
     "ray",
@@ -286,6 +292,11 @@ def _jsonable(value: Any) -> Any:
     return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
+def _changed(theirs: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``theirs`` the user's ``base`` does not hold as they are."""
+    return {k: v for k, v in theirs.items() if base.get(k) != v}
+
+
 def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
     """The gated settings of ``theirs`` (keys in ``present``) weaker than ``base``."""
     found: dict[str, Any] = {}
@@ -322,6 +333,14 @@ def _weaker(theirs: Any, base: Any, present: set[str]) -> dict[str, Any]:
         if reads_host(v) and base.model_aliases.get(k) != v
     }
     check("model_aliases", scripts, bool(scripts))
+    check(
+        "endpoints",
+        _changed(theirs.endpoints, base.endpoints),
+        bool(_changed(theirs.endpoints, base.endpoints)),
+    )
+    check(
+        "prices", _changed(theirs.prices, base.prices), bool(_changed(theirs.prices, base.prices))
+    )
     check("executor", theirs.executor, theirs.executor != base.executor)
     check("ray", theirs.ray, theirs.ray != base.ray)
     if theirs.store is not None and theirs.store != base.store:
