@@ -14,7 +14,16 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from .base import Block, Model, ModelError, ModelRequest, ModelResponse, ModelUsage, clean_text
+from .base import (
+    Block,
+    ContextOverflow,
+    Model,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ModelUsage,
+    clean_text,
+)
 from .registry import ApiEnv, Provider
 
 if TYPE_CHECKING:
@@ -207,7 +216,10 @@ class AnthropicModel:
                 "the API rejected the credentials (401); check ANTHROPIC_API_KEY"
             ) from e
         except anthropic.APIStatusError as e:
-            raise ModelError(clean_text(f"model API error {e.status_code}: {e.message}")) from e
+            message = clean_text(f"model API error {e.status_code}: {e.message}")
+            if e.status_code == 400 and "prompt is too long" in str(e.message).lower():
+                raise ContextOverflow(message) from e
+            raise ModelError(message) from e
         except anthropic.APIConnectionError as e:
             raise ModelError(
                 clean_text(

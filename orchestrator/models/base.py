@@ -137,3 +137,9 @@ class Model(Protocol):
 
 class ModelError(Exception):
     """A model call failed for good (after the client's own retries)."""
+
+
+class ContextOverflow(ModelError):
+    """The request was longer than the model's context window (the API refused it: the
+    Messages API's ``prompt is too long``, Chat Completions' ``context_length_exceeded``).
+    The agent loop clears and compacts the conversation and asks once more."""
