@@ -24,7 +24,16 @@ from pydantic import ValidationError
 
 from ..catalog.guidance import environment_section, task_description
 from ..config import Settings
-from ..models.base import Block, Message, Model, ModelRequest, clean_text
+from ..models import pricing
+from ..models.base import (
+    Block,
+    ContextOverflow,
+    Message,
+    Model,
+    ModelRequest,
+    ModelUsage,
+    clean_text,
+)
 from ..policy.checks import Policy, run_hooks
 from ..run import Evidence, RunRecord, RunStatus, Usage
 from ..store import RunStore
@@ -40,6 +49,8 @@ from .calls import (
     shown_name,
     summarize_input,
 )
+from .context import ContextKeeper, fit
+from .conversation import CONTINUE, continued, cut, text_event, tool_use_ids
 from .memory import MemorySource, load_memory
 
 if TYPE_CHECKING:
@@ -105,56 +116,6 @@ class LoopOutcome:
 
 
 OFF_LOOP_CHECK_CHARS = 2048  # a bash command longer than this is checked in a thread
-TEXT_EVENT_CHARS = 4096  # characters of a turn's text its ``assistant_text`` event keeps
-
-CONTINUE = (
-    "Your reply was cut off at the output token limit. Continue exactly where it stopped, "
-    "without repeating anything."
-)
-
-
-def cut(text: str, limit: int, where: str = "") -> str:
-    if len(text) <= limit:
-        return text
-    more = f"; {where}" if where else ""
-    return text[:limit] + f"\n[output cut at {limit:,} of {len(text):,} characters{more}]"
-
-
-def text_event(turn: int, text: str) -> dict[str, Any]:
-    """The ``assistant_text`` event of a turn: its text, cut at TEXT_EVENT_CHARS (``cut``
-    says so; ``chars`` is the whole length; the whole answer is the run's output)."""
-    return {
-        "turn": turn,
-        "text": text[:TEXT_EVENT_CHARS],
-        "chars": len(text),
-        "cut": len(text) > TEXT_EVENT_CHARS,
-    }
-
-
-def continued(history: list[Message], prompt: str) -> list[Message]:
-    """A stored conversation with ``prompt`` as its next user message (added to the last
-    message when that is the user's already, e.g. the tool results of an interrupted run)."""
-    messages = [dict(m) for m in history]
-    last = messages[-1]
-    if last.get("role") != "user":
-        return [*messages, {"role": "user", "content": prompt}]
-    content = last["content"]
-    blocks: list[Block] = (
-        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    )
-    messages[-1] = {"role": "user", "content": [*blocks, {"type": "text", "text": prompt}]}
-    return messages
-
-
-def tool_use_ids(messages: list[Message]) -> set[str]:
-    """The tool_use ids a conversation used already (a resumed one must not reuse them)."""
-    return {
-        str(b.get("id"))
-        for m in messages
-        if m["role"] == "assistant" and isinstance(m["content"], list)
-        for b in m["content"]
-        if isinstance(b, dict) and b.get("type") == "tool_use"
-    }
 
 
 class AgentRun:
@@ -228,6 +189,27 @@ class AgentRun:
             if schema["name"] == "task":
                 tools[i] = {**schema, "description": task_description(ctx.catalog, ctx.definition)}
         shell = "bash" in ctx.policy.offered_tools()
+        s = ctx.settings.context
+        keeper = ContextKeeper(
+            window=pricing.window(ctx.model_name, s.windows),
+            compact_at=s.compact_at,
+            keep_tool_results=s.keep_tool_results,
+        )
+
+        def build(view: list[Message]) -> ModelRequest:
+            return ModelRequest(
+                system=system,
+                messages=view,
+                tools=tools,
+                model=ctx.model_name,
+                max_tokens=ctx.settings.max_tokens,
+                agent=ctx.definition.name,
+                run_id=ctx.run_id,
+                depth=ctx.record.depth,
+                stable_chars=stable_chars,
+                cache_ttl=cache_ttl,
+            )
+
         turns = 0
         while True:
             if turns >= self.max_turns:
@@ -240,23 +222,22 @@ class AgentRun:
             turns += 1
             if shell:  # the model thinks: the sandbox of a command it may send is made meanwhile
                 ctx.tool_ctx.runtime.expect(ctx.tool_ctx.env)
-            request = ModelRequest(
-                system=system,
-                messages=list(self.messages),
-                tools=tools,
-                model=ctx.model_name,
-                max_tokens=ctx.settings.max_tokens,
-                agent=ctx.definition.name,
-                run_id=ctx.run_id,
-                depth=ctx.record.depth,
-                stable_chars=stable_chars,
-                cache_ttl=cache_ttl,
-            )
-            response = await ctx.model.complete(request)
+            request = build(keeper.view(self.messages))
+            if keeper.over(request):
+                await self._fit(keeper, build, turns, refused=False)
+                request = build(keeper.view(self.messages))
+            try:
+                response = await ctx.model.complete(request)
+            except ContextOverflow:  # recovered from once: cleared and compacted, sent again
+                if not await self._fit(keeper, build, turns, refused=True):
+                    raise
+                request = build(keeper.view(self.messages))
+                response = await ctx.model.complete(request)
             self.on_progress()
+            keeper.note(request, response.usage)
             ctx.usage.turns = turns
-            ctx.usage.input_tokens += response.usage.input_tokens
-            ctx.usage.output_tokens += response.usage.output_tokens
+            self._charge(response.usage, cache_ttl)
+            ctx.usage.context_tokens = response.usage.prompt_tokens
             content, calls = self.ledger.turn(response.content)
             self.messages.append({"role": "assistant", "content": content})
             if response.text:
@@ -283,6 +264,40 @@ class AgentRun:
                 results = await asyncio.gather(*(self._call(c) for c in calls))
             self.messages.append({"role": "user", "content": list(results)})
             self._save()
+
+    def _charge(self, usage: ModelUsage, ttl: str) -> None:
+        """Add one request's tokens and dollars to the run's usage."""
+        u, ctx = self.ctx.usage, self.ctx
+        u.input_tokens += usage.input_tokens
+        u.output_tokens += usage.output_tokens
+        u.cache_creation_input_tokens += usage.cache_creation_input_tokens
+        u.cache_read_input_tokens += usage.cache_read_input_tokens
+        u.cost_usd += pricing.cost(ctx.model_name, usage, ttl=ttl, prices=ctx.settings.prices)
+
+    async def _fit(
+        self,
+        keeper: ContextKeeper,
+        build: Callable[[list[Message]], ModelRequest],
+        turn: int,
+        *,
+        refused: bool,
+    ) -> bool:
+        """Clear or compact the conversation's view (``context.py``); False: nothing could
+        be. The whole conversation is kept (and stored) as it was."""
+        ttl = build([]).cache_ttl
+        done = await fit(
+            keeper,
+            self.ctx.model,
+            self.messages,
+            build,
+            refused=refused,
+            on_usage=lambda usage: self._charge(usage, ttl),
+        )
+        if done is None:
+            return False
+        self.ctx.usage.compactions += 1
+        self.ctx.store.add_event(self.ctx.run_id, "context_compacted", done.event(turn))
+        return True
 
     def _save(self) -> None:
         """Keep the conversation (for resume) at a point it is whole: after a final reply,

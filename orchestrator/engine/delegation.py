@@ -39,7 +39,8 @@ from ..spec import RunSpec
 from ..store import RunStore
 from ..tools.base import TaskArgs, ToolOutput
 from ..workspaces.registry import tier_config
-from .agent import RunContext, cut
+from .agent import RunContext
+from .conversation import cut
 
 SUBAGENT_STOP_RETRIES = 3
 NOTIFY_LINES = 5

@@ -26,7 +26,7 @@ from ..catalog.definitions import Catalog, load_catalog
 from ..catalog.guidance import agent_catalog
 from ..egress.summary import of_run
 from ..egress.summary import text as egress_text
-from ..engine.agent import cut
+from ..engine.conversation import cut
 from ..engine.delegation import branch_line, format_child_result
 from ..engine.runner import Runner
 from ..errors import NotFound, UsageError

@@ -60,6 +60,8 @@ class Rates:
 
 def split(spec: str) -> tuple[str | None, str]:
     """(genai-prices' provider id or None, the model id) of a model spec."""
+    if spec in ("scripted", "model") or spec.startswith("scripted:"):  # a script, a test's
+        return None, spec
     for prefix, provider in _PROVIDERS.items():
         if spec.startswith(prefix):
             return provider, spec.removeprefix(prefix)
