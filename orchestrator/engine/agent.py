@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -226,6 +227,7 @@ class AgentRun:
             if keeper.over(request):
                 await self._fit(keeper, build, turns, refused=False)
                 request = build(keeper.view(self.messages))
+            started = time.monotonic()
             try:
                 response = await ctx.model.complete(request)
             except ContextOverflow:  # recovered from once: cleared and compacted, sent again
@@ -236,7 +238,7 @@ class AgentRun:
             self.on_progress()
             keeper.note(request, response.usage)
             ctx.usage.turns = turns
-            self._charge(response.usage, cache_ttl)
+            self._charge(response.usage, cache_ttl, turns, time.monotonic() - started)
             ctx.usage.context_tokens = response.usage.prompt_tokens
             content, calls = self.ledger.turn(response.content)
             self.messages.append({"role": "assistant", "content": content})
@@ -265,14 +267,26 @@ class AgentRun:
             self.messages.append({"role": "user", "content": list(results)})
             self._save()
 
-    def _charge(self, usage: ModelUsage, ttl: str) -> None:
-        """Add one request's tokens and dollars to the run's usage."""
+    def _charge(self, usage: ModelUsage, ttl: str, turn: int, seconds: float) -> None:
+        """Add one request's tokens and dollars to the run's usage; its ``model_usage``
+        event keeps them per request (what a trace or a bill is made from)."""
         u, ctx = self.ctx.usage, self.ctx
+        cost = pricing.cost(ctx.model_name, usage, ttl=ttl, prices=ctx.settings.prices)
         u.input_tokens += usage.input_tokens
         u.output_tokens += usage.output_tokens
         u.cache_creation_input_tokens += usage.cache_creation_input_tokens
         u.cache_read_input_tokens += usage.cache_read_input_tokens
-        u.cost_usd += pricing.cost(ctx.model_name, usage, ttl=ttl, prices=ctx.settings.prices)
+        u.cost_usd += cost
+        event = {
+            "turn": turn,
+            "input_tokens": usage.input_tokens,
+            "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+            "cache_read_input_tokens": usage.cache_read_input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost_usd": cost,
+            "ms": round(seconds * 1000, 1),
+        }
+        ctx.store.add_event(ctx.run_id, "model_usage", event)
 
     async def _fit(
         self,
@@ -291,7 +305,7 @@ class AgentRun:
             self.messages,
             build,
             refused=refused,
-            on_usage=lambda usage: self._charge(usage, ttl),
+            on_usage=lambda usage: self._charge(usage, ttl, turn, 0.0),
         )
         if done is None:
             return False
