@@ -228,10 +228,16 @@ def budget_line(runs: list[RunRecord]) -> str:
     budgets = next((r.plan.budgets for r in runs if r.plan and r.plan.budgets), None)
     if not budgets:
         return f"chain: {len(runs)} runs"
+    from ..engine.budget import dollars
+
     live = sum(1 for r in runs if not r.status.ended)
-    tokens = sum(r.usage.input_tokens + r.usage.output_tokens for r in runs)
-    cap = budgets.tokens
-    return (
+    tokens = sum(r.usage.tokens for r in runs)
+    spent = sum(r.usage.cost_usd for r in runs)
+    cap, usd = budgets.tokens, budgets.usd
+    line = (
         f"chain budgets: runs {len(runs)}/{budgets.runs} · live {live} "
         f"(working at once ≤ {budgets.running}) · tokens {tokens:,}" + (f"/{cap:,}" if cap else "")
     )
+    if usd is not None or spent:
+        line += f" · spent {dollars(spent)}" + (f"/{dollars(usd)}" if usd is not None else "")
+    return line

@@ -26,6 +26,7 @@ from ..store import ChainFull, ChainRoom, RunStore
 from ..tools.base import ToolRegistry
 from ..workspaces.registry import choose_tier, saved_state, tier_config
 from ..workspaces.saved import BranchState
+from .budget import more, used_up
 from .owner import me, this_node
 
 MAX_RESUMES = 100  # how far back a resumed run's lineage is followed
@@ -206,7 +207,10 @@ class Admission:
         """The chain's budgets: set by its root, kept by every run of it."""
         s = self.settings
         mine = Budgets(
-            running=s.max_chain_running, runs=s.max_chain_runs, tokens=s.max_chain_tokens
+            running=s.max_chain_running,
+            runs=s.max_chain_runs,
+            tokens=s.max_chain_tokens,
+            usd=s.max_chain_usd,
         )
         if parent is None:
             return mine
@@ -218,20 +222,18 @@ class Admission:
         if record.parent_run_id is None and record.resumed_from is None:
             return None
         budgets = record.planned().budgets or self.budgets(None)
-        return ChainRoom(runs=budgets.runs, tokens=budgets.tokens)
+        return ChainRoom(runs=budgets.runs, tokens=budgets.tokens, usd=budgets.usd)
 
     @staticmethod
     def refusal(full: ChainFull) -> OrchError:
-        """The refusal of a run its chain had no room for, naming the budget."""
+        """The refusal of a run its chain had no room for, naming the budget and what the
+        chain used of it."""
         used, room = full.used, full.room
-        if used.runs >= room.runs:
+        found = used_up(used, room.tokens, room.usd)
+        if used.runs >= room.runs or found is None:
             return OrchError(
                 f"chain budget max_chain_runs ({room.runs}) is used up: this chain has "
                 f"{used.runs} runs; finish with what you have"
             )
-        return OrchError(
-            f"chain budget max_chain_tokens ({room.tokens or 0:,}) is used up: this chain "
-            f"has used {used.tokens:,} tokens; finish with what you have (more needs a "
-            "higher max_chain_tokens in ~/.orch/config.toml, or in orch.toml and then "
-            "`orch trust`)"
-        )
+        setting, said = found
+        return OrchError(f"{said}; finish with what you have ({more(setting)})")

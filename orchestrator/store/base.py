@@ -93,7 +93,8 @@ class StoreError(OrchError):
 class ChainUsage:
     runs: int  # every run of the chain, ended ones included
     live: int  # queued or running
-    tokens: int  # input + output tokens of all its runs
+    tokens: int  # every token of all its runs (``Usage.tokens``: cache writes, reads too)
+    usd: float = 0.0  # dollars all its runs spent (``Usage.cost_usd``)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,15 @@ class ChainRoom:
 
     runs: int  # the chain's runs, ended ones included, must be fewer than this
     tokens: int | None = None  # and its tokens fewer than this (None: no token budget)
+    usd: float | None = None  # and its dollars less than this (None: no dollar budget)
+
+    def used_up(self, used: ChainUsage) -> bool:
+        """Whether a chain that has used ``used`` has no room left (one budget used up)."""
+        return (
+            used.runs >= self.runs
+            or (self.tokens is not None and used.tokens >= self.tokens)
+            or (self.usd is not None and used.usd >= self.usd)
+        )
 
 
 class ChainFull(Exception):
@@ -225,9 +235,11 @@ class RunStore(ResourceSink, Endings, Protocol):
         """Runs matching all filters given (since: updated since, or still live), oldest first."""
         ...
 
-    def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
+    def chain_usage(self, chain_id: str, *, tokens: bool = False, usd: bool = False) -> ChainUsage:
         """A chain's use of its budgets: runs in total, runs queued or running, and (when
-        asked: it reads every record of the chain) its tokens; else ``tokens`` is 0."""
+        asked: SQLite reads every record of the chain) its tokens and its dollars; what was
+        not asked for is 0. This process's queued progress is written first, so the sum is
+        what every writer of the chain has committed."""
         ...
 
     def list_raw(

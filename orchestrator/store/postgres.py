@@ -16,8 +16,9 @@ Same contract as :class:`~orchestrator.store.sqlite.SqliteStore`, method by meth
   advisory lock on its run, so within a run ids are committed in increasing order and a
   reader following ``after_id`` never skips one;
 - one connection per thread (``close()`` closes this thread's), opened on first use; the
-  schema is created on the first connect to a database, under an advisory lock, so several
-  processes connecting at once for the first time do not trip over each other.
+  schema is created (an older orch's migrated: :data:`MIGRATIONS`) on a process's first
+  connect to a database, under an advisory lock, so several processes connecting at once
+  for the first time do not trip over each other.
 
 Run ids sort byte-wise (``COLLATE "C"``) so an id prefix is an index range; whole outputs
 are kept as JSON strings (Postgres text holds no NUL character, an output may).
@@ -62,7 +63,8 @@ MISSING_DRIVER = (
 # later synchronous commit flushes every earlier one); the database stays consistent.
 ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true)"
 SCHEMA_LOCK = 0x6F72636873746F72  # "orchstor": held while creating the tables
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+COST_USD = "cost_usd DOUBLE PRECISION NOT NULL DEFAULT 0"
 # ids sort byte-wise (COLLATE "C") so an id prefix is an index range; orch_schema holds the
 # version, its presence says the tables are there
 SCHEMA = (
@@ -73,11 +75,15 @@ SCHEMA = (
             false="FALSE",
             serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
             key_collation=' COLLATE "C"',
-            tokens="\n    tokens BIGINT NOT NULL DEFAULT 0,",
+            usage=f"\n    tokens BIGINT NOT NULL DEFAULT 0,\n    {COST_USD},",
         )
     )
     + "CREATE TABLE IF NOT EXISTS orch_schema (version INTEGER NOT NULL);\n"
 )
+# what brings the tables of a version up to the next (idempotent: IF NOT EXISTS). 1 -> 2:
+# runs.cost_usd; an older row counts $0 (no orch before it priced a request) until its run
+# is written again. runs.tokens of an older row counts input + output until then.
+MIGRATIONS = {2: f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {COST_USD}"}
 _INHERITED: list[Any] = []  # connections of a parent process (after fork): never used, kept
 
 
@@ -87,12 +93,22 @@ def _pg(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+def _version(conn: psycopg.Connection[Any]) -> int:
+    """The schema version of the database's tables (0: none there yet)."""
+    row = conn.execute("SELECT to_regclass('orch_schema') IS NOT NULL").fetchone()
+    if not (row and row[0]):
+        return 0
+    row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM orch_schema").fetchone()
+    return int(row[0]) if row else 0
+
+
 class PostgresDialect:
     """Postgres's side of the SQL store (see the module doc)."""
 
     holds_nul = False
-    tokens_column = True
+    usage_columns = True
     chain_tokens = "COALESCE(SUM(tokens), 0)"
+    chain_usd = "COALESCE(SUM(cost_usd), 0)"
     # the run's advisory lock is taken before the id is drawn and held to the commit
     insert_event = (
         "WITH e (run_id, at, kind, data) AS (VALUES (?::text, ?::float8, ?::text, ?::text)),"
@@ -169,17 +185,25 @@ class PostgresDialect:
         return conn
 
     def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
-        probe = "SELECT to_regclass('orch_schema') IS NOT NULL"
-        row = conn.execute(probe).fetchone()
-        if row and row[0]:
+        """Create the tables, or bring an older orch's up to :data:`SCHEMA_VERSION` (a newer
+        orch's are left as they are), under an advisory lock held to the commit."""
+        if _version(conn) >= SCHEMA_VERSION:
             return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             conn.execute(SCHEMA)
+            found = _version(conn)  # another process may have done it while we waited
+            for version, migration in sorted(MIGRATIONS.items()):
+                if found < version:
+                    conn.execute(migration)
             conn.execute(
                 "INSERT INTO orch_schema (version) SELECT %s"
                 " WHERE NOT EXISTS (SELECT 1 FROM orch_schema)",
                 (SCHEMA_VERSION,),
+            )
+            conn.execute(
+                "UPDATE orch_schema SET version = %s WHERE version < %s",
+                (SCHEMA_VERSION, SCHEMA_VERSION),
             )
 
     def close(self) -> None:

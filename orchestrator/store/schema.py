@@ -1,10 +1,11 @@
 """The tables of the SQL store, once, in each dialect's types (:func:`tables`).
 
-``runs`` (one row per run, its record as JSON in ``data``; Postgres adds ``tokens``:
-input + output tokens for ``chain_usage``, since a record's JSON may hold a ``\\u0000``
-escape that Postgres's json functions refuse), ``events`` (append-only, ids increasing),
-``resources``, ``outputs`` and ``transcripts``. ``CREATE … IF NOT EXISTS`` throughout: a
-store that has them already (an older orch's) keeps them as they are.
+``runs`` (one row per run, its record as JSON in ``data``; Postgres adds ``tokens`` and
+``cost_usd``: the record's ``Usage.tokens`` and ``Usage.cost_usd`` for ``chain_usage``,
+since a record's JSON may hold a ``\\u0000`` escape that Postgres's json functions refuse),
+``events`` (append-only, ids increasing), ``resources``, ``outputs`` and ``transcripts``.
+``CREATE … IF NOT EXISTS`` throughout: a store that has them already (an older orch's)
+keeps them as they are; a column added since is added by the dialect's migration.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at {real} NOT NULL,
     pid INTEGER,
     heartbeat_at {real},
-    cancel_requested {boolean} NOT NULL DEFAULT {false},{tokens}
+    cancel_requested {boolean} NOT NULL DEFAULT {false},{usage}
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_chain ON runs(chain_id);
@@ -70,7 +71,7 @@ class Types:
     false: str  # its default
     serial: str  # an id column that increases by itself, the primary key
     key_collation: str = ""  # of runs.run_id ("" for the default)
-    tokens: str = ""  # the runs.tokens column (with its leading newline), if kept
+    usage: str = ""  # the runs.tokens, runs.cost_usd columns (each on a line of its own)
 
 
 def tables(types: Types) -> str:

@@ -12,7 +12,7 @@ and standard SQL (``ON CONFLICT … DO UPDATE``, ``RETURNING``). A dialect owns 
 its connections (one per thread), its transactions (a write is one transaction; a
 read-modify-write holds the run's row from the read to the commit), how a driver's
 errors reach the user, how an output is kept, and the few statements whose SQL differs
-(the row lock, the event insert, the heartbeat and the sum of a chain's tokens).
+(the row lock, the event insert, the heartbeat and the sums of a chain's usage).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ class Dialect(Protocol):
     """What differs between SQL backends (see the module doc). SQL is written with ``?``."""
 
     holds_nul: bool  # can a text column hold "\x00" (else no id with one is in the store)
-    tokens_column: bool  # runs.tokens kept (input + output tokens of the record)
-    chain_tokens: str  # SQL: the sum of a chain's tokens, over its rows of runs
+    usage_columns: bool  # runs.tokens and runs.cost_usd kept (the record's usage)
+    chain_tokens: str  # SQL: the sum of a chain's tokens (Usage.tokens), over its rows of runs
+    chain_usd: str  # SQL: the sum of a chain's dollars (Usage.cost_usd), over its rows of runs
     insert_event: str  # (run_id, at, kind, data) -> one row: the new id, in order within a run
     heartbeat: str  # (at, *run_ids) with ``{ids}`` for their marks: a progress write
     progress_commit: str  # first in a transaction of progress only: it may commit async ("")
@@ -152,8 +153,9 @@ class SqlStore(Endings):
             "updated_at": record.updated_at,
             "pid": record.pid,
         }
-        if self.dialect.tokens_column:  # its JSON may hold a \u0000 a json function refuses
-            cols["tokens"] = record.usage.input_tokens + record.usage.output_tokens
+        if self.dialect.usage_columns:  # its JSON may hold a \u0000 a json function refuses
+            cols["tokens"] = record.usage.tokens
+            cols["cost_usd"] = record.usage.cost_usd
         cols["data"] = record.model_dump_json()
         return cols
 
@@ -176,8 +178,8 @@ class SqlStore(Endings):
         if room is not None:
             if self.dialect.lock_chain:
                 q(self.dialect.lock_chain, (record.chain_id,))
-            used = self._usage(q, record.chain_id, tokens=room.tokens is not None)
-            if used.runs >= room.runs or (room.tokens is not None and used.tokens >= room.tokens):
+            counted = {"tokens": room.tokens is not None, "usd": room.usd is not None}
+            if room.used_up(used := self._usage(q, record.chain_id, **counted)):
                 return ChainFull(used, room)
         cols = {
             "run_id": record.run_id,
@@ -271,19 +273,20 @@ class SqlStore(Endings):
             )
         return record
 
-    def chain_usage(self, chain_id: str, *, tokens: bool = False) -> ChainUsage:
+    def chain_usage(self, chain_id: str, *, tokens: bool = False, usd: bool = False) -> ChainUsage:
         self._behind.flush()
-        return self._usage(self.dialect.read, chain_id, tokens=tokens)
+        return self._usage(self.dialect.read, chain_id, tokens=tokens, usd=usd)
 
-    def _usage(self, q: Query, chain_id: str, *, tokens: bool) -> ChainUsage:
+    def _usage(self, q: Query, chain_id: str, *, tokens: bool, usd: bool = False) -> ChainUsage:
         used = self.dialect.chain_tokens if tokens else "0"
+        spent = self.dialect.chain_usd if usd else "0"
         rows = q(
-            f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {LIVE} THEN 1 ELSE 0 END), 0), {used}"
-            " FROM runs WHERE chain_id = ?",
+            f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {LIVE} THEN 1 ELSE 0 END), 0), {used},"
+            f" {spent} FROM runs WHERE chain_id = ?",
             (chain_id,),
         )
-        runs, live, used_tokens = rows[0]
-        return ChainUsage(runs=int(runs), live=int(live), tokens=int(used_tokens))
+        runs, live, used_tokens, used_usd = rows[0]
+        return ChainUsage(int(runs), int(live), tokens=int(used_tokens), usd=float(used_usd))
 
     def find_runs(self, prefix: str) -> list[RunRecord]:
         if self._absent(prefix):

@@ -34,6 +34,13 @@ SCHEMA = tables(
     )
 )
 
+# the fields of Usage that Usage.tokens adds up
+TOKEN_KINDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
 DB_FILE = "orch.db"
 DB_MODE = 0o600
 
@@ -78,11 +85,14 @@ class SqliteDialect:
     of a read-modify-write), outputs kept as they are."""
 
     holds_nul = True
-    tokens_column = False
+    usage_columns = False
+    # Usage.tokens and Usage.cost_usd (a field an older orch's record lacks counts 0)
     chain_tokens = (
-        "COALESCE(SUM(json_extract(data, '$.usage.input_tokens')"
-        " + json_extract(data, '$.usage.output_tokens')), 0)"
+        "COALESCE(SUM("
+        + " + ".join(f"COALESCE(json_extract(data, '$.usage.{k}'), 0)" for k in TOKEN_KINDS)
+        + "), 0)"
     )
+    chain_usd = "COALESCE(SUM(json_extract(data, '$.usage.cost_usd')), 0.0)"
     insert_event = "INSERT INTO events (run_id, at, kind, data) VALUES (?,?,?,?) RETURNING id"
     heartbeat = "UPDATE runs SET heartbeat_at = ? WHERE run_id IN ({ids})"
     progress_commit = ""  # synchronous=NORMAL: every commit alike

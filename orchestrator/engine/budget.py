@@ -1,0 +1,66 @@
+"""A chain's budgets of tokens and dollars, spent while its runs work.
+
+``max_chain_tokens`` and ``max_chain_usd`` (set by the chain's root, kept by every run of
+it: ``RunPlan.budgets``) are checked twice: when a run is stored (the store's
+``ChainRoom``, :mod:`orchestrator.engine.admission`), and before every model request of a
+running run (:func:`exhausted`), so a chain that has spent its budget stops at its next
+request, whichever of its runs makes it. The sum is the store's: every run of the chain,
+in any process, writes its usage there after each response, so the check holds with many
+runs spending at once (each may still finish the one request it has sent).
+"""
+
+from __future__ import annotations
+
+from ..run import RunRecord
+from ..spec import Budgets
+from ..store import ChainUsage, RunStore
+
+
+def dollars(amount: float) -> str:
+    """``$0.05``, ``$0.0512``, ``$12.50``: up to four decimals, at least two."""
+    if 0 < amount < 0.00005:
+        return f"${amount:.2g}"
+    whole, _, cents = f"{amount:,.4f}".partition(".")
+    return f"${whole}.{cents.rstrip('0').ljust(2, '0')}"
+
+
+def more(setting: str) -> str:
+    """How a user gets more of a budget (a repository may lower a limit, never raise it
+    untrusted)."""
+    return (
+        f"more needs a higher {setting} in ~/.orch/config.toml, or in orch.toml and then "
+        "`orch trust`"
+    )
+
+
+def used_up(used: ChainUsage, tokens: int | None, usd: float | None) -> tuple[str, str] | None:
+    """(the setting, what the chain used of it) when ``used`` reaches the chain's budget of
+    ``tokens`` or of ``usd`` (None: no such budget), else None."""
+    if tokens is not None and used.tokens >= tokens:
+        return "max_chain_tokens", (
+            f"chain budget max_chain_tokens ({tokens:,}) is used up: this chain has used "
+            f"{used.tokens:,} tokens"
+        )
+    if usd is not None and used.usd >= usd:
+        return "max_chain_usd", (
+            f"chain budget max_chain_usd ({dollars(usd)}) is used up: this chain has spent "
+            f"{dollars(used.usd)}"
+        )
+    return None
+
+
+def exhausted(store: RunStore, record: RunRecord) -> str | None:
+    """The one-line reason ``record`` must not make another model request: its chain has
+    used up its token or dollar budget (the store's sum over every run of the chain). None
+    when the chain has room, or no such budget (then the store is not read)."""
+    budgets: Budgets | None = record.plan.budgets if record.plan else None
+    if budgets is None or (budgets.tokens is None and budgets.usd is None):
+        return None
+    used = store.chain_usage(
+        record.chain_id, tokens=budgets.tokens is not None, usd=budgets.usd is not None
+    )
+    found = used_up(used, budgets.tokens, budgets.usd)
+    if found is None:
+        return None
+    setting, said = found
+    return f"{said}; the run stopped before its next model request ({more(setting)})"
