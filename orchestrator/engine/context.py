@@ -95,6 +95,21 @@ class ContextKeeper:
     summary: str | None = None
     scale: float = 1.0  # the API's token count / our estimate, from the latest request
     last_tokens: int = 0  # the latest request's whole input as the API counted it
+    # id -> (the object, its content's id, its estimate): a message, the system prompt or
+    # the tools, estimated once (the object is held, so its id is not reused while it is
+    # here; a message whose content was replaced is estimated again)
+    _seen: dict[int, tuple[object, int, int]] = field(default_factory=dict)
+
+    def _raw(self, request: ModelRequest) -> int:
+        """``estimate`` of the request's input, each message and part estimated once."""
+        total = 0
+        for part in (request.system, request.tools, *request.messages):
+            inner = id(part.get("content")) if isinstance(part, dict) else 0
+            seen = self._seen.get(id(part))
+            if seen is None or seen[0] is not part or seen[1] != inner:
+                seen = self._seen[id(part)] = (part, inner, estimate(part))
+            total += seen[2]
+        return total
 
     @property
     def limit(self) -> int | None:
@@ -133,8 +148,7 @@ class ContextKeeper:
 
     def size(self, request: ModelRequest) -> int:
         """The request's input in tokens, as the API would count it (estimated)."""
-        raw = estimate(request.system) + estimate(request.tools) + estimate(request.messages)
-        return int(raw * self.scale)
+        return int(self._raw(request) * self.scale)
 
     def note(self, request: ModelRequest, usage: ModelUsage) -> None:
         """What the API counted for ``request``: calibrates the estimate."""
@@ -142,7 +156,7 @@ class ContextKeeper:
         if counted <= 0:
             return
         self.last_tokens = counted
-        raw = estimate(request.system) + estimate(request.tools) + estimate(request.messages)
+        raw = self._raw(request)
         if raw > 0:
             self.scale = min(_MAX_SCALE, max(_MIN_SCALE, counted / raw))
 
