@@ -382,7 +382,7 @@ def test_tree_shows_the_chains_use_of_its_budgets(project: Path) -> None:
     rows = json.loads(orch("ps", "--json", cwd=project).stdout)
     (root,) = [x for x in rows if x["depth"] == 0]
     assert root["chain"]["runs"] == 2 and root["chain"]["live"] == 0
-    assert root["chain"]["budgets"] == {"running": 20, "runs": 50, "tokens": 99999}
+    assert root["chain"]["budgets"] == {"running": 20, "runs": 50, "tokens": 99999, "usd": None}
     assert "chain" not in [x for x in rows if x["depth"] == 1][0]
 
 

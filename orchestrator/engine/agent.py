@@ -39,6 +39,7 @@ from ..policy.checks import Policy, run_hooks
 from ..run import Evidence, RunRecord, RunStatus, Usage
 from ..store import RunStore
 from ..tools.base import ToolContext, ToolFailure, ToolOutput, ToolRegistry
+from .budget import exhausted
 from .calls import (
     MAX_PROBLEMS,
     MISSING,
@@ -223,6 +224,8 @@ class AgentRun:
             turns += 1
             if shell:  # the model thinks: the sandbox of a command it may send is made meanwhile
                 ctx.tool_ctx.runtime.expect(ctx.tool_ctx.env)
+            if (spent := exhausted(ctx.store, ctx.record)) is not None:
+                return LoopOutcome(RunStatus.FAILED, self.last_text, spent)
             request = build(keeper.view(self.messages))
             if keeper.over(request):
                 await self._fit(keeper, build, turns, refused=False)

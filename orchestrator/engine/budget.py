@@ -1,10 +1,12 @@
 """A chain's budgets of tokens and dollars, spent while its runs work.
 
 ``max_chain_tokens`` and ``max_chain_usd`` (set by the chain's root, kept by every run of
-it: ``RunPlan.budgets``) are checked twice: when a run is stored (the store's
-``ChainRoom``, :mod:`orchestrator.engine.admission`), and before every model request of a
-running run (:func:`exhausted`), so a chain that has spent its budget stops at its next
-request, whichever of its runs makes it. The sum is the store's: every run of the chain,
+it: ``RunPlan.budgets``) are checked when a run is stored (the store's ``ChainRoom``,
+:mod:`orchestrator.engine.admission`). A chain with a dollar budget is also checked before
+every model request of a running run (:func:`exhausted`, both budgets), so it stops at its
+next request, whichever of its runs makes it. The token budget alone (10M by default: a
+ceiling for a runaway) is not read before every request: that read costs every request of
+every chain a store round trip. The sum is the store's: every run of the chain,
 in any process, writes its usage there after each response, so the check holds with many
 runs spending at once (each may still finish the one request it has sent).
 """
@@ -52,9 +54,9 @@ def used_up(used: ChainUsage, tokens: int | None, usd: float | None) -> tuple[st
 def exhausted(store: RunStore, record: RunRecord) -> str | None:
     """The one-line reason ``record`` must not make another model request: its chain has
     used up its token or dollar budget (the store's sum over every run of the chain). None
-    when the chain has room, or no such budget (then the store is not read)."""
+    when the chain has room, or no dollar budget (then the store is not read)."""
     budgets: Budgets | None = record.plan.budgets if record.plan else None
-    if budgets is None or (budgets.tokens is None and budgets.usd is None):
+    if budgets is None or budgets.usd is None:
         return None
     used = store.chain_usage(
         record.chain_id, tokens=budgets.tokens is not None, usd=budgets.usd is not None
