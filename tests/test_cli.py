@@ -33,6 +33,8 @@ RESULT_KEYS = {
     "started_at",
     "ended_at",
     "egress",  # what it reached through the egress proxy (None: it asked nothing)
+    "total_cost_usd",  # with the runs under it (Claude Code's name)
+    "totals",  # what it used with the runs under it: tokens of each kind, cost
 }
 
 
@@ -98,7 +100,19 @@ def test_scripted_task_json_contract_and_clean_git(repo: Path) -> None:
     assert set(data) == RESULT_KEYS
     assert data["status"] == "succeeded" and data["summary"] == "pytest"
     assert data["depth"] == 0 and data["parent_run_id"] is None
-    assert set(data["usage"]) == {"turns", "tool_uses", "input_tokens", "output_tokens"}
+    assert set(data["usage"]) == {
+        "turns",
+        "tool_uses",
+        "input_tokens",
+        "output_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "cost_usd",
+        "context_tokens",
+        "compactions",
+    }
+    assert data["totals"]["runs"] == 2  # the root and its explorer
+    assert data["totals"]["tokens"] >= data["usage"]["input_tokens"] > 0
     assert data["evidence"]["children"]
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True

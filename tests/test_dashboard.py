@@ -25,7 +25,7 @@ import yaml
 
 from orchestrator.dashboard.guard import csrf_for
 from orchestrator.dashboard.server import Served
-from orchestrator.run import RunRecord, RunStatus
+from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.store import open_store
 from tests.support import task_call
 
@@ -211,6 +211,42 @@ def test_an_xss_attempt_in_a_description_renders_as_text(
     page.wait_for_selector("text=assistant_text")
     assert page.locator("main img").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_costs_show_in_the_list_and_on_the_run_page_and_chain_totals_follow_live(
+    project: Path, dashboard: Served, page: Any
+) -> None:
+    store = open_store(project, None)
+    root = RunRecord(run_id="r-c05700000a00", chain_id="c-cost", description="priced root",
+                     usage=Usage(input_tokens=1_000, output_tokens=200,
+                                 cache_read_input_tokens=9_000, cost_usd=0.0123))  # fmt: skip
+    child = RunRecord(run_id="r-c05700000a01", chain_id="c-cost", parent_run_id=root.run_id,
+                      depth=1, description="priced child",
+                      usage=Usage(input_tokens=10, cost_usd=0.0002))  # fmt: skip
+    store.create_run(root)
+    store.create_run(child)
+    store.flush()
+    page.goto(dashboard.url)
+    row = page.locator("tr", has=page.locator("td.desc", has_text="priced root"))
+    row.wait_for(timeout=10_000)
+    assert row.locator("td.cost").inner_text() == "$0.0123"
+    assert row.locator("td.chain").inner_text() == (
+        "2 runs · 10,210 tokens · cache 9,000 read / 0 written (90% of input read) · $0.0125"
+    )  # the server's words: the page adds nothing up
+    store.update_run(child.run_id, usage=Usage(input_tokens=10, cost_usd=0.0102))
+    store.flush()
+    page.wait_for_function(  # a child's cost changes its root's chain totals, live
+        "() => [...document.querySelectorAll('td.chain')].some(c => c.textContent.endsWith("
+        "'$0.0225'))",
+        timeout=10_000,
+    )
+    page.goto(f"http://127.0.0.1:{dashboard.port}/run/{root.run_id}")
+    page.wait_for_selector("#usage")
+    said = page.locator("main").inner_text()
+    assert "1,000 in · 200 out · cache 9,000 read / 0 written (90% of input read) · $0.0123" in said
+    assert "with the runs under it: 2 runs · 10,210 tokens" in said and "$0.0225" in said
+    assert "queued · $0.0102: priced child" in said  # each child's own cost
+    store.close()
 
 
 def test_one_dashboard_over_a_postgres_store_shows_every_machines_runs(

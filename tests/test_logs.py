@@ -33,6 +33,7 @@ from tests.test_terminal_safety import HOSTILE, UNSAFE
 
 PLAIN = {"NO_COLOR": "1", "COLUMNS": "400", "FORCE_COLOR": "", "TTY_COMPATIBLE": ""}
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) ( *)(r-[0-9a-f]{6})/(\S+)\s+(\w+)\s+(.*)$")
+REQUEST = r"turn \d+: [\d,]+ in / [\d,]+ out · (n/a|\$0)( · [\d,]+ ms)?"  # a model_usage line
 LONG = "word " * 1000  # 5,000 characters: over the 4,096 an assistant_text event keeps
 
 
@@ -117,7 +118,10 @@ def parsed(text: str) -> list[tuple[str, int, str, str, str, str]]:
 
 def test_lines_say_time_agent_event_and_the_models_text(project: Path) -> None:
     run_id = run_task(project)
-    rows = parsed(logs(project, run_id[:7]))  # a prefix is enough
+    every = parsed(logs(project, run_id[:7]))  # a prefix is enough
+    requests = [r[5] for r in every if r[4] == "model_usage"]  # one a request, its tokens
+    assert all(re.fullmatch(REQUEST, said) for said in requests), requests
+    rows = [r for r in every if r[4] != "model_usage"]
     assert [r[4] for r in rows] == [
         "run_started",
         "assistant_text",
@@ -137,19 +141,19 @@ def test_lines_say_time_agent_event_and_the_models_text(project: Path) -> None:
     assert said["child_spawned"] == f"{child[:8]}/explorer (shared): find framework"
     ended = f"task ok: {child[:8]} (find framework) succeeded · agent explorer · turns 2"
     assert said["tool_result"].startswith(ended)  # a child's end: what it was, how it went
-    usage = r"succeeded · turns 2 · tools 1 · tokens [\d,]+ in / [\d,]+ out"
-    assert re.fullmatch(usage, said["run_finished"])
+    usage = r"succeeded · turns 2 · tools 1 · tokens [\d,]+ in / [\d,]+ out · n/a"
+    assert re.fullmatch(usage, said["run_finished"])  # a scripted model has no price
     assert "CHILD" not in "\n".join(r[5] for r in rows)  # without --tree: its own events only
 
     events = json.loads(logs(project, run_id, "--json"))  # the times are the events' own
-    assert [r[0] for r in rows] == [
+    assert [r[0] for r in every] == [
         datetime.fromtimestamp(e["at"]).strftime("%H:%M:%S.%f")[:-3] for e in events
     ]
 
 
 def test_tree_merges_the_childs_events_in_time_order(project: Path) -> None:
     run_id = run_task(project)
-    rows = parsed(logs(project, run_id, "--tree"))
+    rows = [r for r in parsed(logs(project, run_id, "--tree")) if r[4] != "model_usage"]
     kinds = [(r[3], r[4]) for r in rows]
     spawned = kinds.index(("general", "child_spawned"))
     returned = kinds.index(("general", "tool_result"))
@@ -171,7 +175,7 @@ def test_tree_merges_the_childs_events_in_time_order(project: Path) -> None:
 
     # A child's own log with --tree is its subtree: itself only, at no indent.
     child_id = rows[spawned + 1][2]
-    own = parsed(logs(project, child_id, "--tree"))
+    own = [r for r in parsed(logs(project, child_id, "--tree")) if r[4] != "model_usage"]
     assert {(r[1], r[3]) for r in own} == {(0, "explorer")} and len(own) == 6
 
 
@@ -206,7 +210,7 @@ def test_json_is_the_raw_events_whole(project: Path) -> None:
 def test_lines_are_cut_to_the_width_never_wrapped(project: Path) -> None:
     run_id = run_task(project)
     lines = logs(project, run_id, "--tree", COLUMNS="60").splitlines()
-    assert len(lines) == 13
+    assert len([ln for ln in lines if " model_usage " not in ln]) == 13
     assert all(len(ln) <= 60 for ln in lines)
     assert any(ln.endswith("…") for ln in lines)
     assert all(LINE.match(ln) for ln in lines)
@@ -353,6 +357,53 @@ SUMMARIES = [
     ("tool_result", {"tool": "glob", "chars": 4, "preview": "a.py"}, "glob ok: a.py"),
     ("tool_refused", {"tool": "bash", "reason": "no\nway"}, "bash refused: no way"),
     ("run_finished", {"status": "cancelled"}, "cancelled"),
+    (
+        "run_finished",
+        {
+            "status": "succeeded",
+            "usage": {
+                "turns": 2,
+                "tool_uses": 1,
+                "input_tokens": 1200,
+                "output_tokens": 80,
+                "cache_read_input_tokens": 9000,
+                "cost_usd": 0.0123,
+            },
+        },
+        "succeeded · turns 2 · tools 1 · tokens 1,200 in / 80 out"
+        " · cache 9,000 read / 0 written (88% of input read) · $0.0123",
+    ),  # fmt: skip
+    (
+        "model_usage",
+        {"turn": 3, "input_tokens": 5, "output_tokens": 7, "cost_usd": 0, "ms": 812.4},
+        "turn 3: 5 in / 7 out · n/a · 812 ms",
+    ),
+    (
+        "context_compacted",
+        {
+            "turn": 12,
+            "how": "cleared",
+            "reason": "threshold",
+            "before_tokens": 162_000,
+            "after_tokens": 21_000,
+            "cleared_results": 9,
+            "window": 200_000,
+        },
+        "context cleared (threshold) at turn 12: 162,000 → 21,000 tokens of 200,000,"
+        " 9 tool results cleared",
+    ),  # fmt: skip
+    (
+        "context_compacted",
+        {
+            "how": "compacted",
+            "reason": "refused",
+            "before_tokens": 210_000,
+            "after_tokens": "x",
+            "cleared_results": 0,
+            "window": None,
+        },
+        "context compacted (refused): 210,000 → ? tokens",
+    ),  # fmt: skip
     (
         "team_verdict",
         {"round": 2, "reviewer": "sec", "verdict": "approve", "summary": "ok"},

@@ -23,6 +23,7 @@ from ..egress.summary import of_run
 from ..egress.summary import text as egress_text
 from ..errors import OrchError
 from ..process import opened
+from ..process.listing import run_cost, totals, totals_text, usage_row, usage_text
 from ..process.opened import Project
 from ..run import RunRecord, RunResult, RunStatus
 from ..store import RunStore
@@ -185,10 +186,44 @@ def egress_line(result: RunResult) -> Text | None:
     return safe_text(f"network: {egress_text(result.egress)}", "dim")
 
 
+def result_json(store: RunStore, record: RunRecord, result: RunResult) -> dict[str, Any]:
+    """What ``--json`` prints of a run's result: the result, and ``totals``: what the run
+    used with every run under it, its ``total_cost_usd`` at the top too (Claude Code's
+    name; a session's cost with its subagents')."""
+    used = totals(r.usage.model_dump() for r in [record, *store.descendants(record.run_id)])
+    return {
+        **result.model_dump(mode="json"),
+        "total_cost_usd": used["total_cost_usd"],
+        "totals": used,
+    }
+
+
+def usage_lines(store: RunStore, record: RunRecord) -> list[str]:
+    """What a run used (cache reads and writes, cost), and with the runs under it if any."""
+    u = usage_row(record.usage.model_dump())
+    lines = [f"usage: {usage_text(u)}"]
+    below = store.descendants(record.run_id)
+    if below:
+        used = totals(r.usage.model_dump() for r in [record, *below])
+        lines.append(f"with the runs under it: {totals_text(used)}")
+    return lines
+
+
+def chain_totals_line(runs: list[RunRecord]) -> str:
+    """``chain totals: 3 runs · 250,000 tokens · cache … · $0.0456``"""
+    return "chain totals: " + totals_text(totals(r.usage.model_dump() for r in runs))
+
+
 def run_label(r: RunRecord) -> Text:
     """One line about a run; agent, isolation and description are shown, never obeyed."""
     style = STATUS_STYLE.get(r.status, "")
     u = r.usage
+    cache = (
+        f" · cache {u.cache_read_input_tokens:,}/{u.cache_creation_input_tokens:,}"
+        if u.cache_read_input_tokens or u.cache_creation_input_tokens
+        else ""
+    )
+    used = f"turns {u.turns} · tools {u.tool_uses} · tok {u.input_tokens:,}/{u.output_tokens:,}"
     label = Text.assemble(
         safe_text(r.run_id, "bold"),
         " ",
@@ -198,7 +233,7 @@ def run_label(r: RunRecord) -> Text:
         " ",
         (r.status.value, style),
         " ",
-        (f"turns {u.turns} · tools {u.tool_uses} · tok {u.input_tokens}/{u.output_tokens}", "dim"),
+        (f"{used}{cache} · {run_cost(usage_row(u.model_dump()))}", "dim"),
     )
     if r.description and r.depth > 0:
         label.append(" — ")

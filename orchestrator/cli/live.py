@@ -1,7 +1,7 @@
 """What a foreground ``orch task`` shows while it runs, and the branch lines it ends with.
 
 On an interactive terminal, :class:`LiveChain` draws the run's chain as a compact tree,
-one line an agent (name, description, status, last activity, tokens, time), redrawn
+one line an agent (name, description, status, last activity, tokens, cost, time), redrawn
 every ``POLL_S`` seconds from the store by a thread of its own: the engine's event loop
 never waits for the view, and the view reads what every run writes anyway (the same
 records as ``orch ps``), whichever process writes them. Every cell is one line cut with
@@ -24,7 +24,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.text import Text
 
-from ..process.listing import ps_row, tree_order
+from ..process.listing import ps_row, run_cost, total_cost, totals, tree_order
 from ..run import RunRecord, RunStatus
 from ..store import RunStore
 from .common import STATUS_STYLE
@@ -48,6 +48,7 @@ COLUMNS = [
     Column("tokens in/out", justify="right", drop=2),
     Column("time", justify="right", drop=1),
 ]
+COST = Column("cost", justify="right", drop=3)  # when a run has a price: it leaves first
 
 
 def tokens(n: int) -> str:
@@ -113,12 +114,15 @@ class ChainView:
         t = time.time()
         rows = [ps_row(r.model_dump(mode="json")) for r in self.records]
         live = sum(1 for r in self.records if not r.status.ended)
+        used = totals(rows)
+        priced = used["total_cost_usd"] > 0  # else no cost to show (a model without a price)
+        cost = f" · {total_cost(used)}" if priced else ""
         title = Text.assemble(
             ("orch ▸ ", "bold"),
             safe_text(self.root_id),
-            (f" · {len(rows)} agent{'s' if len(rows) != 1 else ''}, {live} running", "dim"),
+            (f" · {len(rows)} agent{'s' if len(rows) != 1 else ''}, {live} running{cost}", "dim"),
         )
-        table = FitTable(COLUMNS, title=title)
+        table = FitTable([*COLUMNS[:-1], *([COST] if priced else []), COLUMNS[-1]], title=title)
         spin = SPINNER[self.frame % len(SPINNER)]
         shown_rows, left = visible(tree_lines(rows), max(3, console.height - 6))
         for lead, r in shown_rows:
@@ -133,7 +137,9 @@ class ChainView:
                 cell(r["error"], "red")
                 if status.ended and r.get("error")
                 else cell(act.get("summary", "") if isinstance(act, dict) else "", "dim"),
-                cell(f"{tokens(r['input_tokens'])}/{tokens(r['output_tokens'])}"),
+                # in: every input token, the cache's reads and writes too
+                cell(f"{tokens(r['tokens'] - r['output_tokens'])}/{tokens(r['output_tokens'])}"),
+                *([cell(run_cost(r))] if priced else []),
                 cell(duration(max(0.0, end - start)) if start and end else "-"),
             )
         if left:

@@ -15,6 +15,7 @@ import typer
 
 from ..errors import UsageError
 from ..process.command import make_runner, root_spec
+from ..process.listing import subtree_totals
 from ..process.opened import Project, find_run
 from ..process.reconcile import reconcile
 from ..run import RunRecord, RunResult, RunStatus
@@ -27,6 +28,7 @@ from .common import (
     NetworkMode,
     WorkdirOpt,
     budget_line,
+    chain_totals_line,
     chain_tree,
     egress_line,
     err,
@@ -34,8 +36,10 @@ from .common import (
     open_project,
     out,
     print_json,
+    result_json,
     run_label,
     stop_on_sigterm,
+    usage_lines,
     with_egress,
 )
 from .helpstyle import OrchGroup
@@ -101,7 +105,7 @@ def report(
     result = with_egress(project.store, record.result())
     code = result.exit_code
     if as_json:
-        print_json(result.model_dump(mode="json"))
+        print_json(result_json(project.store, record, result))
     else:
         if result.summary:
             out.print(safe_text(result.summary, multiline=True))
@@ -371,7 +375,7 @@ def _demo(where: Path, script_path: Path, *, kept: bool, as_json: bool) -> None:
     if as_json:
         print_json(
             {
-                "result": record.result().model_dump(mode="json"),
+                "result": result_json(project.store, record, record.result()),
                 "chain": [r.model_dump(mode="json") for r in runs],
                 "project": str(where) if kept else None,
             }
@@ -419,9 +423,11 @@ def result(
     if full is not None:
         res.summary = full
     if as_json:
-        print_json(res.model_dump(mode="json"))
+        print_json(result_json(project.store, record, res))
     else:
         out.print(run_label(record))
+        for used in usage_lines(project.store, record):
+            out.print(used, markup=False, highlight=False)
         if res.error:
             out.print(safe_text("error:", "red") + " " + safe_text(res.error))
         out.print(safe_text(res.summary or "(no text yet)", multiline=True))
@@ -445,10 +451,13 @@ def tree(
     if not runs:
         runs = project.store.list_runs(chain_id=find_run(project.store, ref).chain_id)
     if as_json:
-        print_json([r.model_dump(mode="json") for r in runs])
+        rows = [r.model_dump(mode="json") for r in runs]
+        below = subtree_totals(rows)  # each run's cost with the runs under it
+        print_json([{**r, "total_cost_usd": below[r["run_id"]]["total_cost_usd"]} for r in rows])
         return
     out.print(chain_tree(runs))
     out.print(budget_line(runs), markup=False)
+    out.print(chain_totals_line(runs), markup=False)
 
 
 _register_subapps()

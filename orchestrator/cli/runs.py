@@ -15,7 +15,16 @@ from rich.live import Live
 from rich.text import Text
 
 from ..engine.owner import this_node
-from ..process.listing import ps_row, ps_rows, tree_order, with_chain_use
+from ..process.listing import (
+    cache_text,
+    money,
+    ps_row,
+    ps_rows,
+    run_cost,
+    total_cost,
+    tree_order,
+    with_chain_use,
+)
 from ..process.opened import find_run
 from ..process.reconcile import reconcile
 from ..process.stopping import cancel_tree, raise_if_stuck
@@ -41,32 +50,38 @@ PS_COLUMNS = [
     Column("description", flex=True, least=12),
     Column("last activity", flex=True, least=12),
     Column("active", justify="right"),
-    Column("tokens", justify="right", drop=3),
-    Column("tools", justify="right", drop=5),
-    Column("age", justify="right", drop=4),
+    Column("tokens", justify="right", drop=4),
+    Column("cost", justify="right", drop=3),
+    Column("tools", justify="right", drop=6),
+    Column("age", justify="right", drop=5),
 ]
 
 
 def chain_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per chain with live runs: its use of its budgets."""
+    """One line per chain with live runs: its use of its budgets, its cache use and cost."""
     lines = []
     for r in rows:
         chain, budgets = r.get("chain"), (r.get("chain") or {}).get("budgets")
         if not chain or not budgets or not chain["live"]:
             continue
-        cap = budgets.get("tokens")
+        cap, usd = budgets.get("tokens"), budgets.get("usd")
+        cache = cache_text(chain)
         lines.append(
             f"chain {r.get('chain_id')}: runs {chain['runs']}/{budgets['runs']} · live "
             f"{chain['live']} (working at once ≤ {budgets['running']}) · tokens "
-            f"{chain['tokens']:,}" + (f"/{cap:,}" if cap else "")
+            f"{chain['tokens']:,}"
+            + (f"/{cap:,}" if cap else "")
+            + (f" · {cache}" if cache else "")
+            + f" · cost {total_cost(chain)}"
+            + (f"/{money(usd)}" if usd else "")
         )
     return lines
 
 
 def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
     """Runs as a table of one-line cells at any width (``fit.py``): what shrinks first is
-    the description and the activity, then tools, age, tokens and isolation leave (not
-    isolation when a run is unsandboxed or on the network)."""
+    the description and the activity, then tools, age, tokens, cost and isolation leave
+    (not isolation when a run is unsandboxed or on the network)."""
     here = this_node()
     remote = any(r.get("node") not in (None, here) for r in rows)
     columns = [*PS_COLUMNS, *([Column("node", drop=1)] if remote else [])]
@@ -89,7 +104,8 @@ def ps_table(rows: list[dict[str, Any]], title: str = "") -> FitTable:
             cell(r.get("description", "")),
             cell(act.get("summary", "") if isinstance(act, dict) else ""),
             cell(age(active) + " ago" if active else "-"),
-            cell(f"{r['input_tokens'] + r['output_tokens']:,}"),
+            cell(f"{r['tokens']:,}"),
+            cell(run_cost(r)),
             cell(r["tool_uses"]),
             cell(age(r.get("started_at") or r.get("created_at"))),
             *([cell(r.get("node") or here)] if remote else []),

@@ -4,8 +4,9 @@
   the JSON and draws it, every model-written string as text (``textContent``), never markup.
 - ``GET /api/runs``: the list (``views.runs``); ``GET /api/run/{id}``: one run whole.
 - ``GET /api/stream``: server-sent events, one ``runs`` message per store change: the rows
-  changed since the last look (``store.list_raw(since=…)``, which reads only those, and
-  the live ones), looked for every ``POLL_S``.
+  of the chains changed since the last look (``store.list_raw(since=…)``, which reads
+  only those, and the live ones: a run's change changes its chain's totals), those not
+  sent as they are already, looked for every ``POLL_S``.
 - ``POST /api/run/{id}/cancel``: ``orch cancel``'s path (``process/stopping.py``);
   ``POST /api/run/{id}/merge``: ``orch worktrees merge``'s, with its guards (control files
   refused, a dirty tree refused).
@@ -125,14 +126,21 @@ class Dashboard:
             since = now - views.RECENT_S  # a day back at most: the list's window
 
         async def changes() -> AsyncIterator[str]:
-            last, seen, quiet = since, dict[str, float](), 0.0
+            last, seen, sent, quiet = since, dict[str, float](), dict[str, str](), 0.0
             yield "retry: 1000\n\n"
             while not await request.is_disconnected():
                 look = time.time()
                 rows = await self.read(views.changes, self.store, last - 1.0)
-                fresh = [r for r in rows if seen.get(r["run_id"]) != r.get("updated_at")]
-                for r in fresh:
+                moved = [r for r in rows if seen.get(r["run_id"]) != r.get("updated_at")]
+                for r in moved:
                     seen[r["run_id"]] = r.get("updated_at") or 0.0
+                fresh = []  # the rows of the chains that moved, those not sent as they are
+                ids = sorted({str(r.get("chain_id")) for r in moved})
+                for r in await self.read(views.chains, self.store, ids) if ids else []:
+                    said = json.dumps(r, sort_keys=True, default=str)
+                    if sent.get(r["run_id"]) != said:
+                        sent[r["run_id"]] = said
+                        fresh.append(r)
                 last = look
                 if fresh:
                     quiet = 0.0

@@ -1,6 +1,9 @@
 """What the dashboard shows, as JSON, read from the run store (any backend: a Postgres
 store shows the runs of every machine that writes to it). Blocking: the app calls these
 in a thread. Model-written text is sent as it is; the page only ever sets it as text.
+
+Costs and usage come with their words (``cost_text``, ``text``) written here by the CLI's
+own functions (``process/listing.py``): the page formats no money and adds up nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +16,16 @@ from typing import Any
 from ..egress import summary as egress
 from ..egress.rules import Reach
 from ..errors import OrchError
-from ..process.listing import ps_row, tree_order
+from ..process.listing import (
+    ps_row,
+    run_cost,
+    totals,
+    totals_text,
+    tree_order,
+    usage_row,
+    usage_text,
+    with_chain_use,
+)
 from ..project.repo import discover
 from ..run import RunRecord
 from ..store import RunStore
@@ -33,12 +45,49 @@ def runs(store: RunStore, *, show_all: bool = False) -> dict[str, Any]:
     raw = store.list_raw(since=since, limit=MAX_ROWS + 1)  # the latest, and one to tell
     cut = len(raw) > MAX_ROWS
     raw = raw[-MAX_ROWS:]
-    return {"at": at, "runs": tree_order([ps_row(r) for r in raw]), "cut": cut}
+    rows = with_chain_use(tree_order([ps_row(r) for r in raw]))
+    return {"at": at, "runs": worded(rows), "cut": cut}
+
+
+def worded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with their cost in words, and each root's chain totals in words."""
+    for r in rows:
+        r["cost_text"] = run_cost(r)
+        if isinstance(r.get("chain"), dict):
+            r["chain"]["text"] = totals_text(r["chain"])
+    return rows
 
 
 def changes(store: RunStore, since: float) -> list[dict[str, Any]]:
-    """The rows changed since ``since`` (and every live one): what the stream sends."""
+    """The rows changed since ``since`` (and every live one): what the stream looks at."""
     return [ps_row(r) for r in store.list_raw(since=since, limit=MAX_ROWS)]
+
+
+def chains(store: RunStore, chain_ids: list[str]) -> list[dict[str, Any]]:
+    """Every row of these chains, worded: a change in one run changes its ancestors' cost
+    with the runs under them and its root's chain totals (what the stream sends)."""
+    rows: list[dict[str, Any]] = []
+    for chain_id in chain_ids:
+        records = store.list_runs(chain_id=chain_id)[-MAX_ROWS:]
+        rows += with_chain_use([ps_row(r.model_dump(mode="json")) for r in records])
+    return worded(rows)
+
+
+def usage(store: RunStore, record: RunRecord, below: list[RunRecord]) -> dict[str, Any]:
+    """What a run used, with the runs under it, and its chain: figures and words."""
+    u = usage_row(record.usage.model_dump())
+    mine = totals(r.usage.model_dump() for r in [record, *below])
+    chain = totals(r.usage.model_dump() for r in store.list_runs(chain_id=record.chain_id))
+    context = f"context: {u['context_tokens']:,} tokens in the latest request" + (
+        f" · compacted {u['compactions']}×" if u["compactions"] else ""
+    )
+    return {
+        **u,
+        "text": usage_text(u),
+        "context_text": context,
+        "with_below": {**mine, "text": totals_text(mine)},
+        "chain": {**chain, "text": totals_text(chain)},
+    }
 
 
 def run(store: RunStore, root: Path, record: RunRecord) -> dict[str, Any]:
@@ -51,9 +100,11 @@ def run(store: RunStore, root: Path, record: RunRecord) -> dict[str, Any]:
         team = found.model_dump(mode="json") if found is not None else None
     except OrchError as e:
         team = {"error": str(e)}
+    below = store.descendants(record.run_id)
     return {
         "run": record.model_dump(mode="json", exclude={"progress", "launch"}),
-        "children": [ps_row(r.model_dump(mode="json")) for r in store.descendants(record.run_id)],
+        "usage": usage(store, record, below),
+        "children": worded([ps_row(r.model_dump(mode="json")) for r in below]),
         "events": events,
         "transcript": store.transcript(record.run_id) or [],
         "output": store.output(record.run_id) or record.output,

@@ -34,7 +34,15 @@ from ..models import ModelProvider, whole_run
 from ..process.command import make_runner, root_spec
 from ..process.detach import detach
 from ..process.events import Feed, as_text, short, summary, when
-from ..process.listing import ps_rows
+from ..process.listing import (
+    ps_rows,
+    run_cost,
+    total_cost,
+    totals,
+    totals_text,
+    usage_row,
+    usage_text,
+)
 from ..process.opened import Project, find_run
 from ..process.rebuild import agents_dirs
 from ..process.reconcile import reconcile
@@ -275,7 +283,7 @@ class Desk:
         rows = ps_rows(store, show_all=args.all)[: args.limit]
         lines = [
             f"{r['run_id']} {r['agent']} d{r['depth']} {r['isolation']} {r['status']}"
-            f" · {r['description']}"
+            f" · {r['tokens']:,} tokens · {run_cost(r)} · {r['description']}"
             for r in rows
         ]
         text = "\n".join(lines) or "no runs" + ("" if args.all else " in the last hour")
@@ -290,9 +298,17 @@ class Desk:
         if full is not None:
             res.summary = full
         u = rec.usage
+        used = totals(r.usage.model_dump() for r in [rec, *store.descendants(rec.run_id)])
         lines = [
             f"{rec.run_id} {rec.agent} {rec.isolation} {rec.status.value} · turns {u.turns} · "
-            f"tools {u.tool_uses} · tokens {u.input_tokens} in / {u.output_tokens} out"
+            f"tools {u.tool_uses}",
+            f"usage: {usage_text(usage_row(u.model_dump()))}",
+            f"total_cost_usd: {used['total_cost_usd']} ("
+            + (
+                f"with the runs under it: {totals_text(used)})"
+                if used["runs"] > 1
+                else f"this run: {total_cost(used)})"
+            ),
         ]
         if res.error:
             lines.append(f"error: {res.error}")

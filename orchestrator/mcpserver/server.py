@@ -70,12 +70,14 @@ TOOLS: dict[str, Entry] = {
     ),
     "list_runs": Entry(
         given.ListRunsInput,
-        "The project's runs: running ones and those that ended in the last hour (or all).",
+        "The project's runs, with their tokens and cost: running ones and those that ended "
+        "in the last hour (or all).",
         lambda d, a, p: d.list_runs(a),
     ),
     "run_result": Entry(
         given.RunRef,
-        "A run's result: status, final text, usage, evidence, branch.",
+        "A run's result: status, final text, usage (cache reads and writes, cost; "
+        "total_cost_usd with the runs under it), branch.",
         lambda d, a, p: d.run_result(a),
     ),
     "run_logs": Entry(

@@ -1,9 +1,10 @@
 """A run's events as a person reads them, and the feed that gathers them.
 
 One summary an event (:func:`summary`): the model's text, ``bash: <command>``, a tool
-result's status and first line, a child started or done, a run's end with its usage. Not
-yet safe to show: every string in it came from the store, most of it written by the model
-and the sandboxes (``orchestrator/untrusted.py`` writes out its controls). ``orch logs``
+result's status and first line, a child started or done, a model request's tokens and cost,
+a context compacted, a run's end with its usage (cache reads and writes, cost). Not yet
+safe to show: every string in it came from the store, most of it written by the model and
+the sandboxes (``orchestrator/untrusted.py`` writes out its controls). ``orch logs``
 (``cli/logview.py``) and the MCP server's ``run_logs`` show them.
 
 :class:`Feed` reads the events of a run and, with ``tree``, of its descendants (those
@@ -24,6 +25,7 @@ from ..egress.summary import line as egress_line
 from ..run import RunRecord, first_line
 from ..store import RunStore
 from ..untrusted import one_line, shown
+from .listing import cache_text, run_cost, usage_row
 
 PLAIN_CHARS = 1000  # a summary's cap when the output has no width (not a terminal)
 ENDED_GRACE_S = 1.0  # a run ended without a run_finished event is done after this
@@ -95,13 +97,47 @@ def _result(data: dict[str, Any], children: dict[str, str]) -> str:
 
 
 def _usage(data: dict[str, Any]) -> str:
-    u = data.get("usage")
-    if not isinstance(u, dict):
+    if not isinstance(data.get("usage"), dict):
         return ""
+    u = usage_row(data["usage"])
+    cache = cache_text(u)
     return (
-        f" · turns {u.get('turns', 0)} · tools {u.get('tool_uses', 0)}"
-        f" · tokens {u.get('input_tokens', 0):,} in / {u.get('output_tokens', 0):,} out"
+        f" · turns {u['turns']} · tools {u['tool_uses']}"
+        f" · tokens {u['input_tokens']:,} in / {u['output_tokens']:,} out"
+        + (f" · {cache}" if cache else "")
+        + (f" · context compacted {u['compactions']}×" if u["compactions"] else "")
+        + f" · {run_cost(u)}"
     )
+
+
+def _request(data: dict[str, Any]) -> str:
+    """One model request's use: ``turn 3: 1,200 in / 80 out · cache … · $0.0012 · 850 ms``"""
+    u = usage_row(data)
+    cache = cache_text(u)
+    ms = data.get("ms")
+    took = f" · {ms:,.0f} ms" if isinstance(ms, int | float) and ms > 0 else ""
+    return (
+        f"turn {_number(data.get('turn'))}: {u['input_tokens']:,} in / {u['output_tokens']:,} out"
+        + (f" · {cache}" if cache else "")
+        + f" · {run_cost(u)}{took}"
+    )
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
+def _compacted(data: dict[str, Any]) -> str:
+    """``context compacted (threshold) at turn 12: 162,000 → 21,000 tokens of 200,000,
+    9 tool results cleared``"""
+    how = as_text(data.get("how")) or "compacted"
+    reason = f" ({as_text(data.get('reason'))})" if data.get("reason") else ""
+    turn = f" at turn {_number(data['turn'])}" if "turn" in data else ""
+    before, after = _number(data.get("before_tokens")), _number(data.get("after_tokens"))
+    window = f" of {_number(data['window'])}" if data.get("window") else ""
+    n = data.get("cleared_results")
+    cleared = f", {_number(n)} tool result{'s' if n != 1 else ''} cleared" if n else ""
+    return f"context {how}{reason}{turn}: {before} → {after} tokens{window}{cleared}"
 
 
 def summary(kind: str, data: dict[str, Any], children: dict[str, str] | None = None) -> str:
@@ -135,6 +171,10 @@ def summary(kind: str, data: dict[str, Any], children: dict[str, str] | None = N
     if kind == "run_finished":
         error = f" · {prose(data.get('error'))}" if data.get("error") else ""
         return f"{as_text(data.get('status'))}{_usage(data)}{error}"
+    if kind == "model_usage":
+        return _request(data)
+    if kind == "context_compacted":
+        return _compacted(data)
     if kind == "auto_backgrounded":
         return f"still running after {data.get('after_s')} s: moved to the background"
     if kind == "subagent_stop_block":

@@ -1,8 +1,15 @@
 """Runs as rows: what ``orch ps --json`` prints and the MCP server's ``list_runs`` returns,
-from the stored records (the same keys in both)."""
+from the stored records (the same keys in both); and what runs used, summed.
+
+:func:`totals` is the one sum of runs' usage (tokens of every kind, cost): a chain's, or a
+run's with the runs under it; every view (ps, tree, result, logs, the dashboard, MCP) shows
+its figures, none adds them up itself. :func:`money` is how every view writes a cost.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..run import RunStatus, first_line, now
@@ -16,9 +23,6 @@ PS_KEYS = [
     "agent",
     "status",
     "isolation",
-    "tool_uses",
-    "input_tokens",
-    "output_tokens",
     "last_activity",
     "recent_activities",
     "summary",
@@ -28,6 +32,25 @@ PS_KEYS = [
     "updated_at",
     "ended_at",
 ]
+# a run's usage (``run.Usage``) as a row has it; ``tokens``: all four kinds of tokens
+USAGE_KEYS = (
+    "turns",
+    "tool_uses",
+    "input_tokens",  # input neither read from nor written to the prompt cache
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "cost_usd",
+    "context_tokens",
+    "compactions",
+)
+TOKEN_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+UNPRICED = "n/a"  # the cost of tokens no price is known for (a model missing from the table)
 RECENT_S = 3600.0
 ABOUT_CHARS = 200  # a description taken from a prompt's first line
 
@@ -41,8 +64,109 @@ def about(description: object, prompt: object) -> str:
     return first if len(first) <= ABOUT_CHARS else first[: ABOUT_CHARS - 1] + "…"
 
 
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _usd(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return max(0.0, float(value)) if math.isfinite(value) else 0.0
+
+
+def usage_row(usage: object) -> dict[str, Any]:
+    """A stored usage (``Usage`` as JSON; or a stored run's, or a row's) as flat row fields,
+    ``tokens`` added; what is missing or malformed counts 0."""
+    u = usage if isinstance(usage, Mapping) else {}
+    if isinstance(u.get("usage"), Mapping):  # a run record as JSON
+        u = u["usage"]
+    row: dict[str, Any] = {k: _count(u.get(k)) for k in USAGE_KEYS if k != "cost_usd"}
+    row["cost_usd"] = _usd(u.get("cost_usd"))
+    row["tokens"] = sum(row[k] for k in TOKEN_KEYS)
+    return row
+
+
+def totals(usages: Iterable[object]) -> dict[str, Any]:
+    """What runs used, together: ``runs``, tokens of each kind and in all, ``total_cost_usd``
+    (Claude Code's name), and ``unpriced``: the runs with tokens but no price (their cost
+    is unknown, not 0). Each item: what :func:`usage_row` reads."""
+    rows = [usage_row(u) for u in usages]
+    sums: dict[str, Any] = {"runs": len(rows)}
+    for k in (*TOKEN_KEYS, "tokens"):
+        sums[k] = sum(r[k] for r in rows)
+    # to 1e-10 dollars: a sum of floats, without its last binary digits (0.0398, not 0.03979…)
+    sums["total_cost_usd"] = round(math.fsum(r["cost_usd"] for r in rows), 10)
+    sums["unpriced"] = sum(1 for r in rows if r["tokens"] and not r["cost_usd"])
+    return sums
+
+
+def money(usd: float, *, unpriced: bool = False) -> str:
+    """A cost as every view writes it: ``$0.0123`` under a dollar, ``$1.23`` from one; an
+    unknown price ``n/a`` (never ``$0.0000``), a sum with some unknown ``≥$0.0123``."""
+    if usd <= 0:
+        return UNPRICED if unpriced else "$0"
+    if usd < 0.00005:
+        text = "<$0.0001"
+    elif usd < 0.99995:
+        text = f"${usd:.4f}"
+    else:
+        text = f"${usd:,.2f}"
+    return f"≥{text}" if unpriced else text
+
+
+def run_cost(u: Mapping[str, Any]) -> str:
+    """The cost of one run (a row, or :func:`usage_row`'s fields)."""
+    return money(u["cost_usd"], unpriced=bool(u["tokens"]) and not u["cost_usd"])
+
+
+def total_cost(t: Mapping[str, Any]) -> str:
+    """The cost of runs together (:func:`totals`)."""
+    return money(t["total_cost_usd"], unpriced=bool(t["unpriced"]))
+
+
+def cache_text(u: Mapping[str, Any]) -> str:
+    """``cache 50,000 read / 3,000 written (93% of input read)``, or "" without cache use."""
+    read, wrote = u.get("cache_read_input_tokens", 0), u.get("cache_creation_input_tokens", 0)
+    if not read and not wrote:
+        return ""
+    share = read / (read + wrote + u.get("input_tokens", 0))
+    return f"cache {read:,} read / {wrote:,} written ({share:.0%} of input read)"
+
+
+def usage_text(u: Mapping[str, Any]) -> str:
+    """One run's use (:func:`usage_row`'s fields) in words: ``12,345 in · 678 out · cache
+    … · $0.0123``; ``in``: the input the cache had no part in."""
+    parts = [f"{u['input_tokens']:,} in", f"{u['output_tokens']:,} out", cache_text(u)]
+    if u.get("compactions"):
+        parts.append(f"context compacted {u['compactions']}×")
+    return " · ".join([p for p in parts if p] + [run_cost(u)])
+
+
+def totals_text(t: Mapping[str, Any]) -> str:
+    """Runs' use (:func:`totals`) in words: ``3 runs · 250,000 tokens · cache … · $0.0456``."""
+    runs = f"{t['runs']} run{'s' if t['runs'] != 1 else ''}"
+    parts = [runs, f"{t['tokens']:,} tokens", cache_text(t), total_cost(t)]
+    return " · ".join(p for p in parts if p)
+
+
+def subtree_totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For each row (by ``run_id``): :func:`totals` of it and the rows below it."""
+    kids: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        kids.setdefault(str(r.get("parent_run_id")), []).append(r)
+    below: dict[str, list[dict[str, Any]]] = {}
+
+    def gather(r: dict[str, Any]) -> list[dict[str, Any]]:
+        if r["run_id"] not in below:
+            below[r["run_id"]] = [r]  # (a cycle, were there one, ends here)
+            for k in kids.get(r["run_id"], []):
+                below[r["run_id"]] += gather(k)
+        return below[r["run_id"]]
+
+    return {r["run_id"]: totals(gather(r)) for r in rows}
+
+
 def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
-    usage = raw.get("usage") or {}
     act = raw.get("last_activity") if isinstance(raw.get("last_activity"), dict) else {}
     # the run's last sign of life: a tool call, a model turn, a change of state
     times = [
@@ -52,9 +176,7 @@ def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
         **{k: raw.get(k) for k in PS_KEYS if k in raw},
         "description": about(raw.get("description"), raw.get("prompt")),
         "node": raw.get("node"),  # where it executes: a host name, or host/ray-<node id>
-        "tool_uses": usage.get("tool_uses", 0),
-        "input_tokens": usage.get("input_tokens", 0),
-        "output_tokens": usage.get("output_tokens", 0),
+        **usage_row(raw.get("usage")),
         "last_activity": raw.get("last_activity"),
         "last_activity_at": max(times) if times else None,
         "recent_activities": raw.get("recent_activities") or [],
@@ -68,18 +190,20 @@ def ps_row(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_chain_use(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each root row gains ``chain``: its chain's runs, live runs and tokens (of the rows
-    listed) next to the chain's budgets."""
-    use: dict[str, dict[str, int]] = {}
+    """Each row gains ``total_cost_usd``: its cost with the rows below it; each root row
+    ``chain``: its chain's :func:`totals` and live runs (of the rows listed) next to the
+    chain's budgets."""
+    chains: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        u = use.setdefault(str(r.get("chain_id")), {"runs": 0, "live": 0, "tokens": 0})
-        u["runs"] += 1
-        u["live"] += 0 if RunStatus(r["status"]).ended else 1
-        u["tokens"] += r["input_tokens"] + r["output_tokens"]
+        chains.setdefault(str(r.get("chain_id")), []).append(r)
+    below = subtree_totals(rows)
     for r in rows:
         budgets = r.pop("budgets", None)
+        r["total_cost_usd"] = below[r["run_id"]]["total_cost_usd"]
         if r.get("depth") == 0:
-            r["chain"] = {**use[str(r.get("chain_id"))], "budgets": budgets}
+            mates = chains[str(r.get("chain_id"))]
+            live = sum(0 if RunStatus(m["status"]).ended else 1 for m in mates)
+            r["chain"] = {**totals(mates), "live": live, "budgets": budgets}
     return rows
 
 

@@ -38,7 +38,9 @@ function show(...kids) {
   main.replaceChildren(...kids.filter((k) => k !== null && k !== undefined));
 }
 
-const COLUMNS = ["agent", "description", "status", "tier", "node", "tokens", "activity"];
+// cost and chain totals come worded by the server (cost_text, chain.text): one format
+// everywhere, and the page adds nothing up
+const COLUMNS = ["agent", "description", "status", "tier", "node", "tokens", "cost", "chain", "activity"];
 
 function cells(r) {
   const link = el("a", { href: `/run/${encodeURIComponent(r.run_id)}` }, r.run_id);
@@ -49,7 +51,9 @@ function cells(r) {
     el("td", { class: `status status-${r.status}` }, r.status || ""),
     el("td", {}, r.isolation || ""),
     el("td", { class: "dim" }, r.node || ""),
-    el("td", {}, `${(r.input_tokens || 0).toLocaleString()} / ${(r.output_tokens || 0).toLocaleString()}`),
+    el("td", { class: "num" }, (r.tokens || 0).toLocaleString("en-US")),
+    el("td", { class: "num cost" }, r.cost_text || ""),
+    el("td", { class: "dim chain" }, r.chain ? r.chain.text : ""),
     el("td", { class: "dim" }, activity(r), " ", ago(r.last_activity_at)),
   ];
 }
@@ -194,8 +198,9 @@ async function drawRun(runId) {
       el("p", { class: "desc" }, r.description || ""),
       el("p", {}, status, ` · ${r.isolation} · depth ${r.depth} · ${r.model} · node ${r.node || ""}`),
       el("p", {}, cancel, merge, note)),
+    usageSection(d.usage, d.children.length > 0, r.depth > 0),
     d.children.length ? section("Children", el("ul", {}, ...d.children.map((c) =>
-      el("li", {}, el("a", { href: `/run/${encodeURIComponent(c.run_id)}` }, `${c.agent} ${c.run_id}`), ` ${c.status}: ${c.description || ""}`)))) : null,
+      el("li", {}, el("a", { href: `/run/${encodeURIComponent(c.run_id)}` }, `${c.agent} ${c.run_id}`), ` ${c.status} · ${c.cost_text}: ${c.description || ""}`)))) : null,
     teamSection(d.team),
     section("Result", el("pre", {}, d.output || r.error || "(none yet)")),
     section("Evidence", el("pre", {}, JSON.stringify(r.evidence, null, 2))),
@@ -204,6 +209,17 @@ async function drawRun(runId) {
     section("Conversation", ...conversation(d.transcript)),
     section("Events", el("pre", {}, d.events.map((e) => `${new Date(e.at * 1000).toLocaleTimeString()} ${e.kind} ${JSON.stringify(e.data)}`).join("\n"))),
   );
+}
+
+function usageSection(u, below, child) {
+  if (!u) return null;
+  const mine = el("p", {}, u.text);
+  mine.id = "usage";
+  return section("Usage",
+    mine,
+    el("p", { class: "dim" }, u.context_text),
+    below ? el("p", {}, `with the runs under it: ${u.with_below.text}`) : null,
+    child ? el("p", {}, `chain: ${u.chain.text}`) : null);
 }
 
 function networkSection(n) {
