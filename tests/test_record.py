@@ -73,7 +73,8 @@ def test_a_record_stored_by_an_older_orch_loads_typed(tmp_path: Path) -> None:
     with sqlite3.connect(store.path) as db:
         (data,) = db.execute("SELECT data FROM runs").fetchone()
     assert "options" not in json.loads(data) and json.loads(data)["plan"]["max_turns"] == 7
-    assert ps_row(store.list_raw()[0])["budgets"] == {"running": 3, "runs": 40, "tokens": None}
+    typed = {"running": 3, "runs": 40, "tokens": None, "usd": None}  # max_chain_usd: none
+    assert ps_row(store.list_raw()[0])["budgets"] == typed
     store.close()
 
 
