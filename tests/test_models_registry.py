@@ -1,6 +1,7 @@
-"""Model providers chosen by a spec's prefix: the routing, the unknown-prefix error (also
-through the CLI), what a provider tells the rest of orch, a provider added by one module
-and one registry line, and the SDK imported only when an Anthropic model is built."""
+"""Model providers chosen by a spec's prefix: the routing (built-in prefixes and the
+settings' named endpoints), the unknown-prefix error (also through the CLI), what a provider
+tells the rest of orch, a provider added by one module and one registry line, and the SDK
+imported only when a model is built."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,11 +19,13 @@ from orchestrator.config import DEFAULT_SECRET_PATTERNS, Settings
 from orchestrator.errors import UsageError
 from orchestrator.models import Model, ModelProvider, ModelRequest, ModelResponse, registry
 from orchestrator.models.anthropic import AnthropicModel
+from orchestrator.models.config import Endpoint
 from orchestrator.models.scripted import ScriptedModel
+from orchestrator.policy.checks import scrubbed_env
 from tests.fakeapi import FakeAPI, serve, text_reply
 from tests.support import init_repo, orch, write_script
 
-KNOWN = ("scripted:FILE", "anthropic/ID")
+KNOWN = ("scripted:FILE", "anthropic/ID", "openai/ID", "openrouter/ID")
 
 
 def _request(model: str) -> ModelRequest:
@@ -38,6 +42,8 @@ def _request(model: str) -> ModelRequest:
         ("anthropic.claude-v2:1", "anthropic", "anthropic.claude-v2:1"),  # no prefix: a dot
         ("scripted:/tmp/s.yaml", "scripted", "/tmp/s.yaml"),
         ("scripted:rel/s.yaml", "scripted", "rel/s.yaml"),
+        ("openai/gpt-4o", "openai", "gpt-4o"),
+        ("openrouter/anthropic/claude-sonnet-4.5", "openrouter", "anthropic/claude-sonnet-4.5"),
     ],
 )
 def test_a_spec_goes_to_the_provider_of_its_prefix(spec: str, provider: str, model_id: str) -> None:
@@ -45,7 +51,7 @@ def test_a_spec_goes_to_the_provider_of_its_prefix(spec: str, provider: str, mod
     assert (route.provider.name, route.model_id) == (provider, model_id)
 
 
-@pytest.mark.parametrize("spec", ["openai/gpt-4o", "gemini:pro", "bedrock/anthropic.claude"])
+@pytest.mark.parametrize("spec", ["mistral/large", "gemini:pro", "bedrock/anthropic.claude"])
 def test_an_unknown_prefix_is_one_line_naming_the_known_ones(spec: str) -> None:
     with pytest.raises(UsageError) as caught:
         registry.route(spec)
@@ -67,8 +73,9 @@ def test_aliases_and_ids_keep_working_and_an_agents_model_is_checked() -> None:
     assert provider.default == "anthropic/x-1" and provider.fixed is None
     assert provider.resolve("sonnet") == "claude-sonnet-4-5"
     assert provider.resolve(None) == "anthropic/x-1"
-    with pytest.raises(UsageError, match="unknown provider 'openai/'"):
-        provider.resolve("openai/gpt-4o")
+    with pytest.raises(UsageError, match="unknown provider 'mistral/'"):
+        provider.resolve("mistral/large")
+    assert provider.resolve("openai/gpt-4o") == "openai/gpt-4o"
     model = provider.get("anthropic/x-1")
     assert isinstance(model, AnthropicModel) and model.model_id == "x-1"
     assert provider.get("x-1") is not model and provider.get("anthropic/x-1") is model
@@ -113,10 +120,12 @@ def test_the_anthropic_provider_needs_a_key_or_a_base_url(monkeypatch: pytest.Mo
 def test_what_providers_tell_the_rest_of_orch() -> None:
     names = registry.env_names()
     assert {"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"} <= set(names)
-    assert registry.secret_prefixes() == ("ANTHROPIC_",)
-    assert "ANTHROPIC_*" in DEFAULT_SECRET_PATTERNS  # scrubbed from hooks and commands
+    assert {"OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENROUTER_API_KEY"} <= set(names)
+    assert registry.secret_prefixes() == ("ANTHROPIC_", "OPENAI_", "OPENROUTER_")
+    for prefix in registry.secret_prefixes():  # scrubbed from hooks and commands
+        assert f"{prefix}*" in DEFAULT_SECRET_PATTERNS
     assert all(is_secret_name(n) for n in (*names, "ANTHROPIC_MODEL"))  # never in a sandbox
-    assert "anthropic" in registry.preload_modules()
+    assert {"anthropic", "openai"} <= set(registry.preload_modules())
     api = registry.api_env("scripted:x.yaml")  # a script has no API: the default's is checked
     assert api.base_url == "ANTHROPIC_BASE_URL" and api.default_url.startswith("https://")
 
@@ -194,19 +203,19 @@ def test_a_new_provider_is_one_module_and_one_registry_line(
 
 def test_the_cli_says_an_unknown_prefix_in_one_line(project: Path) -> None:
     repo = init_repo(project)
-    r = orch("task", "Say hi", "--model", "openai/gpt-4o", cwd=repo)
+    r = orch("task", "Say hi", "--model", "mistral/large", cwd=repo)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "unknown provider 'openai/'" in r.stderr and all(k in r.stderr for k in KNOWN)
+    assert "unknown provider 'mistral/'" in r.stderr and all(k in r.stderr for k in KNOWN)
 
 
 def test_the_doctor_names_a_model_setting_of_an_unknown_provider(project: Path) -> None:
     repo = init_repo(project)
-    r = orch("doctor", "--json", "--offline", cwd=repo, env={"ORCH_MODEL": "openai/gpt-4o"})
+    r = orch("doctor", "--json", "--offline", cwd=repo, env={"ORCH_MODEL": "mistral/large"})
     assert "Traceback" not in r.stderr, r.stderr
     checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
     assert checks["api"]["status"] == "fail" and checks["endpoint"]["status"] == "skip"
-    assert "unknown provider 'openai/'" in checks["api"]["detail"]
+    assert "unknown provider 'mistral/'" in checks["api"]["detail"]
     assert "ORCH_MODEL" in checks["api"]["fix"]
 
 
@@ -216,16 +225,36 @@ def test_importing_orch_does_not_import_the_sdk() -> None:
         "from orchestrator.models import ModelProvider\n"
         "from orchestrator.config import Settings\n"
         "p = ModelProvider(Settings())\n"
-        "print('anthropic' in sys.modules)\n"
+        "print('anthropic' in sys.modules, 'openai' in sys.modules)\n"
         "p.get(p.default)\n"
-        "print('anthropic' in sys.modules)\n"
+        "print('anthropic' in sys.modules, 'openai' in sys.modules)\n"
+        "p.get('openai/gpt-4o')\n"
+        "print('openai' in sys.modules)\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "ANTHROPIC_API_KEY": "sk-test-fake"}
+    env = {"PATH": "/usr/bin:/bin", "ANTHROPIC_API_KEY": "sk-test-fake", "OPENAI_API_KEY": "sk-x"}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True"]
+    assert done.stdout.split() == ["False", "False", "True", "False", "True"]
+
+
+def test_the_cli_and_the_doctor_name_an_endpoints_missing_key(project: Path) -> None:
+    repo = init_repo(project)
+    config = Path.home() / ".orch" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        '[endpoints.local]\nbase_url = "http://127.0.0.1:9/v1"\nkey_env = "LOCAL_LLM_KEY"\n'
+    )
+    env = {"LOCAL_LLM_KEY": "", "OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""}
+    r = orch("task", "Say hi", "--model", "local/llama", cwd=repo, env=env)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "endpoint 'local' has no key: set LOCAL_LLM_KEY" in r.stderr
+    r = orch("task", "Say hi", "--model", "openai/gpt-4o", cwd=repo, env=env)
+    assert r.returncode != 0 and "set OPENAI_API_KEY" in r.stderr, r.stderr
+    r = orch("doctor", "--json", "--offline", cwd=repo, env={**env, "ORCH_MODEL": "local/llama"})
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert "LOCAL_LLM_KEY not set" in checks["api"]["detail"], checks["api"]
 
 
 def test_a_script_plays_the_whole_run_and_travels_as_an_absolute_path(
@@ -237,3 +266,70 @@ def test_a_script_plays_the_whole_run_and_travels_as_an_absolute_path(
     assert registry.portable("scripted:s.yaml") == f"scripted:{tmp_path / 's.yaml'}"
     assert registry.portable("anthropic/claude-x") == "anthropic/claude-x"
     assert registry.portable("claude-x") == "claude-x"  # no prefix added
+
+
+# -- named endpoints ([endpoints.NAME]) ---------------------------------------------------
+
+LOCAL_KEY = "sk-local-KEY-2222"
+
+
+def _local(url: str = "http://127.0.0.1:9/v1", **kw: Any) -> dict[str, Endpoint]:
+    return {"local": Endpoint(base_url=url, key_env=kw.pop("key_env", "LOCAL_LLM_KEY"), **kw)}
+
+
+@pytest.fixture
+def no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENROUTER_API_KEY", "LOCAL_LLM_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OPENROUTER_BASE_URL", raising=False)
+
+
+def test_a_named_endpoint_routes_and_says_which_variable_is_missing(
+    monkeypatch: pytest.MonkeyPatch, no_keys: None
+) -> None:
+    settings = Settings(endpoints=_local())
+    found = registry.route("local/llama3:8b", settings.endpoints)
+    assert (found.provider.name, found.model_id) == ("local", "llama3:8b")
+    assert registry.env_names(settings.endpoints)[-1] == "LOCAL_LLM_KEY"
+    assert not registry.whole_run("local/llama") and registry.portable("local/x") == "local/x"
+    with pytest.raises(UsageError) as caught:
+        registry.route("local/llama")  # no such endpoint without the settings
+    assert "\n" not in str(caught.value) and "[endpoints.NAME]" in str(caught.value)
+    with pytest.raises(UsageError, match=r"known: .*openrouter/ID, local/ID"):
+        ModelProvider(settings, "other/llama")
+    with pytest.raises(UsageError, match="set LOCAL_LLM_KEY"):
+        ModelProvider(settings, "local/llama").check_ready()
+    monkeypatch.setenv("LOCAL_LLM_KEY", LOCAL_KEY)
+    ModelProvider(settings, "local/llama").check_ready()
+    with pytest.raises(UsageError, match="set OPENAI_API_KEY"):
+        ModelProvider(settings, "openai/gpt-4o").check_ready()
+    with pytest.raises(UsageError, match="set OPENROUTER_API_KEY"):
+        ModelProvider(settings, "openrouter/x/y").check_ready()
+    with pytest.raises(UsageError, match="built-in provider"):
+        ModelProvider(Settings(endpoints={"openai": Endpoint(base_url="http://h")}))
+    keyless = Settings(endpoints=_local(key_env=None))
+    ModelProvider(keyless, "local/llama").check_ready()  # a local server may need no key
+
+
+def test_the_doctor_names_a_named_endpoints_key(
+    monkeypatch: pytest.MonkeyPatch, no_keys: None
+) -> None:
+    from orchestrator.doctor.machine import check_api, check_endpoint
+
+    endpoints = _local("http://user:pw@127.0.0.1:9/v1")
+    check = check_api("local/llama", endpoints)
+    assert check.status.value == "warn" and "LOCAL_LLM_KEY not set" in check.detail
+    assert check.fix == "export LOCAL_LLM_KEY=..." and "pw" not in check.detail
+    monkeypatch.setenv("LOCAL_LLM_KEY", LOCAL_KEY)
+    check = check_api("local/llama", endpoints)
+    assert check.status.value == "ok" and LOCAL_KEY not in check.detail
+    probed: list[str] = []
+    check_endpoint(False, lambda url, t: probed.append(url), "local/llama", endpoints)
+    assert probed == ["http://127.0.0.1:9/v1"]
+    assert "OPENAI_API_KEY" in check_api("openai/gpt-4o").detail
+
+
+def test_a_key_variable_that_looks_ordinary_is_scrubbed_too() -> None:
+    settings = Settings(endpoints=_local(key_env="LLAMA_ACCESS"))
+    env = scrubbed_env(settings, {"LLAMA_ACCESS": LOCAL_KEY, "PATH": "/bin"})
+    assert env == {"PATH": "/bin"}

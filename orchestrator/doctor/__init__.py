@@ -35,7 +35,8 @@ def diagnose(workdir: Path, *, offline: bool = False, probe: Probe = http_probe)
     checks = [check_python(), check_git(), check_bwrap(settings)]
     checks += check_docker(settings)
     model = settings.resolve_model(None)  # the project's default: its provider's API
-    checks += [check_api(model), check_endpoint(offline, probe, model)]
+    endpoints = settings.endpoints  # a named endpoint's URL and key variable
+    checks += [check_api(model, endpoints), check_endpoint(offline, probe, model, endpoints)]
     checks += [check_store(workdir, settings), trust_check, *check_hosts(workdir, settings)]
     ok = not any(c.required and c.status is Status.FAIL for c in checks)
     return Report(ok=ok, checks=checks)

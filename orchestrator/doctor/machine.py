@@ -9,7 +9,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,6 +19,7 @@ from .base import Check, Status
 
 if TYPE_CHECKING:
     from ..config import Settings
+    from ..models.config import Endpoint
     from ..models.registry import ApiEnv
 
 MIN_PYTHON = (3, 11)
@@ -167,21 +168,35 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _api(model: str) -> ApiEnv | str:
-    """The API settings of the provider of ``model`` (the project's default model), or why
-    there are none."""
+def _api(model: str, endpoints: Mapping[str, Endpoint] | None = None) -> ApiEnv | str:
+    """The API settings of the provider of ``model`` (the project's default model; a named
+    endpoint of ``endpoints``), or why there are none."""
     try:
-        return api_env(model)
+        return api_env(model, endpoints)
     except OrchError as e:
         return str(e)
 
 
-def check_api(model: str = "") -> Check:
+def _check_named(api: ApiEnv) -> Check:
+    """A named endpoint's: its URL is the setting's, its key in its own variable."""
+    where = shown_url(api.default_url)
+    if api.credentials and not os.environ.get(api.credentials[0]):
+        detail = f"{api.credentials[0]} not set: {api.title} ({where}) has no key"
+        return Check(
+            name="api", status=Status.WARN, detail=detail, fix=f"export {api.credentials[0]}=..."
+        )
+    keys = f"{api.credentials[0]} set" if api.credentials else "no key_env (it needs no key)"
+    return Check(name="api", status=Status.OK, detail=f"{api.title}: {keys}; {where}")
+
+
+def check_api(model: str = "", endpoints: Mapping[str, Endpoint] | None = None) -> Check:
     """Which credentials and base URL the model client would use (never their values)."""
-    api = _api(model)
+    api = _api(model, endpoints)
     if isinstance(api, str):
         fix = "set `model` (or ORCH_MODEL) to an alias, a model id or a known PREFIX + id"
         return Check(name="api", status=Status.FAIL, detail=api, fix=fix)
+    if not api.base_url:
+        return _check_named(api)
     have = [name for name in api.credentials if os.environ.get(name)]
     base = os.environ.get(api.base_url, "").strip()
     where = f"{api.base_url}={shown_url(base)}" if base else f"{api.base_url} not set"
@@ -214,15 +229,21 @@ def http_probe(url: str, timeout: float) -> str | None:
         return str(e) or type(e).__name__
 
 
-def check_endpoint(offline: bool, probe: Probe = http_probe, model: str = "") -> Check:
+def check_endpoint(
+    offline: bool,
+    probe: Probe = http_probe,
+    model: str = "",
+    endpoints: Mapping[str, Endpoint] | None = None,
+) -> Check:
     """Whether the model endpoint answers HTTP within ``PROBE_TIMEOUT_S`` (no key is sent)."""
     if offline:
         return Check(name="endpoint", status=Status.SKIP, detail="not probed (--offline)")
-    api = _api(model)
+    api = _api(model, endpoints)
     if isinstance(api, str):
         return Check(name="endpoint", status=Status.SKIP, detail="not probed (see api)")
-    base = os.environ.get(api.base_url, "").strip()
-    if not base and not any(os.environ.get(n) for n in api.credentials):
+    base = os.environ.get(api.base_url, "").strip() if api.base_url else ""
+    named = not api.base_url  # a named endpoint: always probed at its setting's URL
+    if not named and not base and not any(os.environ.get(n) for n in api.credentials):
         detail = "not probed: no credentials or base URL set (see api)"
         return Check(name="endpoint", status=Status.SKIP, detail=detail)
     url = shown_url(base or api.default_url)
@@ -238,6 +259,6 @@ def check_endpoint(offline: bool, probe: Probe = http_probe, model: str = "") ->
     if why is None:
         return Check(name="endpoint", status=Status.OK, detail=f"{url} answers")
     detail = f"{url} does not answer within {PROBE_TIMEOUT_S:g} s ({why})"
-    fix = f"check the network (and HTTPS_PROXY), or that the server at {api.base_url} runs"
+    fix = f"check the network (and HTTPS_PROXY), or that the server at {api.base_url or url} runs"
     fix += "; --offline skips this check"
     return Check(name="endpoint", status=Status.FAIL, detail=detail, fix=fix)

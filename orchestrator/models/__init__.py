@@ -1,18 +1,23 @@
 """Models: one async seam (``Model``), providers chosen by a spec's prefix (``registry``):
-the Anthropic API and a scripted player."""
+the Anthropic API, Chat Completions (OpenAI, OpenRouter), the settings' named endpoints
+and a scripted player."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Protocol
 
 from ..errors import UsageError
 from .base import Model, ModelError, ModelRequest, ModelResponse, ModelUsage
+from .config import Endpoint
 from .registry import (
     Route,
     Session,
     api_env,
+    endpoint_keys,
     env_names,
+    named_endpoints,
     portable,
     preload,
     preload_modules,
@@ -33,6 +38,7 @@ __all__ = [
     "ScriptError",
     "ScriptedModel",
     "api_env",
+    "endpoint_keys",
     "env_names",
     "portable",
     "preload",
@@ -49,13 +55,17 @@ class ModelSettings(Protocol):
     @property
     def model(self) -> str: ...
 
+    @property
+    def endpoints(self) -> Mapping[str, Endpoint]: ...
+
     def resolve_model(self, name: str | None) -> str: ...
 
 
 class ModelProvider(contextlib.AbstractAsyncContextManager["ModelProvider", None]):
     """Turns model names (aliases, ids, ``PREFIX`` + a provider's name) into Model objects.
 
-    The run's spec (``spec``, else the ``model`` setting) names the default model. A
+    The run's spec (``spec``, else the ``model`` setting) names the default model; the
+    settings' ``endpoints`` add a provider each (``NAME/ID``), with one client each. A
     provider whose one model answers every agent (``scripted:PATH``) makes ``get`` return
     that model for every name; so do ``scripted`` and ``model`` (any object implementing
     :class:`Model`, for tests and embedders); ``model`` wins if both are given.
@@ -70,6 +80,8 @@ class ModelProvider(contextlib.AbstractAsyncContextManager["ModelProvider", None
         model: Model | None = None,
     ) -> None:
         self.settings = settings
+        self.endpoints = dict(settings.endpoints)
+        named_endpoints(self.endpoints)  # a bad name: one line now, not at an agent's turn
         self.scripted = scripted
         self.fixed: Model | None = model if model is not None else scripted
         self.route: Route | None = None
@@ -79,13 +91,13 @@ class ModelProvider(contextlib.AbstractAsyncContextManager["ModelProvider", None
             self.default = "scripted"
         else:
             spec = settings.resolve_model(spec or settings.model)
-            self.route = route(spec)
+            self.route = route(spec, self.endpoints)
             self.fixed = self.route.provider.fixed(self.route.model_id)
             self.default = spec if self.fixed is None else self.route.provider.name
             if isinstance(self.fixed, ScriptedModel):
                 self.scripted = self.fixed
         self._models: dict[str, Model] = {}
-        self._sessions: dict[str, Session] = {}  # prefix -> that provider's open client
+        self._sessions: dict[str, Session] = {}  # prefix -> that endpoint's open client
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -103,7 +115,7 @@ class ModelProvider(contextlib.AbstractAsyncContextManager["ModelProvider", None
             return self.default
         resolved = self.settings.resolve_model(name)
         if self.fixed is None:
-            route(resolved)
+            route(resolved, self.endpoints)
         return resolved
 
     def check_ready(self) -> None:
@@ -115,7 +127,7 @@ class ModelProvider(contextlib.AbstractAsyncContextManager["ModelProvider", None
         if self.fixed is not None:
             return self.fixed
         if name not in self._models:
-            where = route(name)
+            where = route(name, self.endpoints)
             if where.prefix not in self._sessions:
                 self._sessions[where.prefix] = where.provider.open()
             self._models[name] = self._sessions[where.prefix].model(where.model_id)

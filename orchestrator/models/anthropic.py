@@ -1,7 +1,9 @@
 """The Anthropic provider: the Messages API through ``anthropic.AsyncAnthropic``.
 
 ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL work as in the SDK, so any
-Messages-API-compatible server can stand in; the SDK's own retries (with
+Messages-API-compatible server can stand in; a named endpoint with ``wire = "anthropic"``
+(``[endpoints.NAME]``) gets a client of its own, built with its base URL and the key in its
+own variable, and nothing of the ANTHROPIC_* variables. The SDK's own retries (with
 backoff on 429 / 5xx / dropped connections) apply. What the server sends is cleaned of
 lone UTF-16 surrogates (``base.clean``: in ``ModelResponse``, and the error messages
 here), so no string of it can break a later write. The SDK (about a second to import) is
@@ -24,7 +26,7 @@ from .base import (
     ModelUsage,
     clean_text,
 )
-from .registry import ApiEnv, Provider
+from .registry import ApiEnv, Provider, Target
 
 if TYPE_CHECKING:
     import anthropic
@@ -45,13 +47,33 @@ def has_credentials() -> bool:
     return any(os.environ.get(k) for k in API.names)
 
 
-def make_client(max_retries: int = 4) -> anthropic.AsyncAnthropic:
+def make_client(max_retries: int = 4, target: Target | None = None) -> anthropic.AsyncAnthropic:
+    """The Anthropic API's client from the ANTHROPIC_* variables, or a named endpoint's
+    (``target``) with its own URL and key and none of those variables."""
     import anthropic
 
+    if target is not None:
+        client = anthropic.AsyncAnthropic(
+            api_key=target.key or "orch-no-key", base_url=target.base_url, max_retries=max_retries
+        )
+        client.auth_token = None  # an SDK may have read ANTHROPIC_AUTH_TOKEN: not this one's
+        if os.environ.get("ANTHROPIC_CUSTOM_HEADERS") is not None:
+            client._custom_headers = {}  # noqa: SLF001 (ANTHROPIC_CUSTOM_HEADERS: the API's)
+        return client
     key = os.environ.get("ANTHROPIC_API_KEY")
     if not key and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
         key = "orch-no-key"  # a compatible server behind ANTHROPIC_BASE_URL may need none
     return anthropic.AsyncAnthropic(api_key=key, max_retries=max_retries)
+
+
+# What the Anthropic API's errors name (a named endpoint's target names its own).
+OWN = Target(
+    title="the API",
+    base_url=API.default_url,
+    key="",
+    key_name="ANTHROPIC_API_KEY",
+    url_name="ANTHROPIC_BASE_URL",
+)
 
 
 class AnthropicProvider:
@@ -68,6 +90,9 @@ class AnthropicProvider:
     def fixed(self, model_id: str) -> Model | None:
         return None
 
+    def missing_sdk(self) -> str | None:
+        return None  # a dependency of orch
+
     def missing(self) -> str | None:
         return None if has_credentials() else MISSING_KEY
 
@@ -75,16 +100,24 @@ class AnthropicProvider:
         return Client()
 
 
-class Client:
-    """One SDK client (its connection pool) for every model of an engine."""
+def open_target(target: Target) -> Client:
+    """A named endpoint's client (``wire = "anthropic"``)."""
+    return Client(target)
 
-    def __init__(self) -> None:
+
+class Client:
+    """One SDK client (its connection pool) for every model of one endpoint."""
+
+    def __init__(self, target: Target | None = None) -> None:
+        self.target = target
         self._client: anthropic.AsyncAnthropic | None = None
 
     def model(self, model_id: str) -> Model:
+        if self.target is not None and self.target.missing is not None:
+            return Refused(self.target.missing)
         if self._client is None:
-            self._client = make_client()
-        return AnthropicModel(self._client, model_id)
+            self._client = make_client(target=self.target)
+        return AnthropicModel(self._client, model_id, self.target or OWN)
 
     async def aclose(self) -> None:
         """Close the HTTP client (inside the event loop that used it)."""
@@ -94,6 +127,16 @@ class Client:
 
 
 PROVIDER: Provider = AnthropicProvider()
+
+
+class Refused:
+    """A model of an endpoint that cannot be asked (its key is not set): says so."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelError(self.why)
 
 
 def _sent(b: Any, name: str) -> bool:
@@ -196,10 +239,18 @@ def cached_request(request: ModelRequest) -> dict[str, Any]:
     return out
 
 
+def _one_line(text: str, key: str) -> str:
+    """``text`` without the endpoint's key (a server may echo it), lone surrogates cleaned."""
+    return clean_text(text.replace(key, "[key]") if key else text)
+
+
 class AnthropicModel:
-    def __init__(self, client: anthropic.AsyncAnthropic, model_id: str) -> None:
+    def __init__(
+        self, client: anthropic.AsyncAnthropic, model_id: str, target: Target = OWN
+    ) -> None:
         self.client = client
         self.model_id = model_id
+        self.target = target
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         import anthropic
@@ -209,25 +260,28 @@ class AnthropicModel:
             "max_tokens": request.max_tokens,
             **cached_request(request),
         }
+        target = self.target
         try:
             response = await self.client.messages.create(**kwargs)
         except anthropic.AuthenticationError as e:
             raise ModelError(
-                "the API rejected the credentials (401); check ANTHROPIC_API_KEY"
+                f"{target.title} rejected the credentials (401); check {target.key_name}"
             ) from e
         except anthropic.APIStatusError as e:
-            message = clean_text(f"model API error {e.status_code}: {e.message}")
+            message = _one_line(f"model API error {e.status_code}: {e.message}", target.key)
             if e.status_code == 400 and "prompt is too long" in str(e.message).lower():
                 raise ContextOverflow(message) from e
             raise ModelError(message) from e
         except anthropic.APIConnectionError as e:
             raise ModelError(
-                clean_text(
-                    f"cannot reach the model API ({e}); check ANTHROPIC_BASE_URL and the network"
+                _one_line(
+                    f"cannot reach {'the model API' if target is OWN else target.title} ({e}); "
+                    f"check {target.url_name} and the network",
+                    target.key,
                 )
             ) from e
         except anthropic.APIError as e:  # a response the SDK could not read
-            raise ModelError(clean_text(f"model API error: {e}")) from e
+            raise ModelError(_one_line(f"model API error: {e}", target.key)) from e
         usage = getattr(response, "usage", None)
         content = getattr(response, "content", None)
         return ModelResponse(

@@ -179,9 +179,11 @@ def is_control(parts: tuple[str, ...]) -> bool:
 
 # -- environment -------------------------------------------------------------------
 def scrubbed_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The orchestrator's environment minus anything that looks like a secret."""
+    """The orchestrator's environment minus anything that looks like a secret, and minus
+    the key variable of each named model endpoint (``[endpoints.NAME] key_env``)."""
     env = dict(os.environ if base is None else base)
     patterns = [p.upper() for p in settings.secret_env_patterns + settings.extra_secret_env]
+    patterns += [e.key_env.upper() for e in settings.endpoints.values() if e.key_env]
     return {
         k: v for k, v in env.items() if not any(fnmatch.fnmatchcase(k.upper(), p) for p in patterns)
     }

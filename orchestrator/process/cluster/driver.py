@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import OrchError, UsageError
-from ...models import env_names
+from ...models import endpoint_keys, env_names
 from ...project.git import RepoPaths, first_line, git
 from ...project.repo import locate, rev
 from ...run import RunRecord, RunStatus
@@ -201,7 +201,8 @@ class RayExecutor:
             except Exception as e:  # whatever Ray raises: one line, never a crash of ours
                 why = first_line(str(e)) or type(e).__name__
                 raise UsageError(NO_CLUSTER.format(where=where, why=why)) from e
-        env = {k: os.environ.get(k, "") for k in FORWARDED_ENV}  # "": unset on the node
+        names = (*FORWARDED_ENV, *endpoint_keys(self.runner.settings.endpoints))
+        env = {k: os.environ.get(k, "") for k in names}  # "": unset on the node
         if (url := shared_store(self.runner)) is not None:
             env["ORCH_STORE"] = url
         self._secrets = ray.put(env)
