@@ -7,6 +7,11 @@ go, with a content-length, so "response sent" is one well-defined instant);
 any other path with a 404 error object. Every exchange is recorded with the
 ``time.perf_counter()`` instants its request was read and its response written,
 so a caller in the same process can put them on one clock with its own.
+
+Usage is the real API's (``orchestrator.testing.messages``, the rules tests use too): input
+from the request, prompt-cache reads and writes by the documented prefix rules, a prompt
+over the window refused with the real 400. Each exchange keeps the usage it reported, so a
+bench can price it (``orchestrator.models.pricing.cost``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from orchestrator.testing.messages import Messages, Refused, tokens
 
 # body -> (label, reply): reply is {"content": [...], "stop_reason": ...}
 Responder = Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
@@ -36,6 +43,7 @@ class Exchange:
     label: str = ""
     stream: bool = False
     status: int = 200
+    usage: dict[str, Any] | None = None  # as reported (None: not a message, or refused)
 
 
 @dataclass
@@ -45,6 +53,7 @@ class FakeServer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
     port: int = 0
+    rules: Messages = field(default_factory=Messages)  # the cache and windows it answers by
 
     def messages(self) -> list[Exchange]:
         with self.lock:
@@ -56,8 +65,9 @@ class FakeServer:
 
 
 def estimate_tokens(value: Any) -> int:
-    """The one estimate used everywhere here: characters of the JSON text / 4."""
-    return len(value if isinstance(value, str) else json.dumps(value)) // 4
+    """The one estimate used everywhere here (the Messages rules' ``tokens``): characters of
+    the canonical JSON text / 4."""
+    return tokens(value)
 
 
 def sse(message: dict[str, Any]) -> bytes:
@@ -152,7 +162,7 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._error(ex, 400, "invalid_request_error", "the body is not a JSON object")
             elif path == "/v1/messages/count_tokens":
                 ex.label = "count_tokens"
-                out = {"input_tokens": estimate_tokens(ex.body)}
+                out = {"input_tokens": server.rules.count(ex.body)}
                 self._write(ex, 200, "application/json", json.dumps(out).encode())
             elif path == "/v1/messages":
                 self._messages(ex, ex.body)
@@ -160,33 +170,37 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._error(ex, 404, "not_found_error", f"no {path} here")
 
         def _messages(self, ex: Exchange, body: dict[str, Any]) -> None:
+            try:
+                admitted = server.rules.admit(body)
+            except Refused as e:
+                self._write(ex, e.status, "application/json", json.dumps(e.body).encode())
+                return
             ex.label, reply = server.responder(body)
+            ex.usage = admitted.usage(reply["content"])
             message = {
                 "id": f"msg_bench_{len(server.exchanges)}",
                 "type": "message",
                 "role": "assistant",
                 "model": body.get("model", "fake"),
                 "stop_sequence": None,
-                "usage": {
-                    "input_tokens": estimate_tokens(body),
-                    "output_tokens": estimate_tokens(reply["content"]),
-                    "cache_creation_input_tokens": 0,
-                    "cache_read_input_tokens": 0,
-                },
+                "usage": ex.usage,
                 **reply,
             }
-            if body.get("stream"):
-                ex.stream = True
-                self._write(ex, 200, "text/event-stream", sse(message))
-            else:
-                self._write(ex, 200, "application/json", json.dumps(message).encode())
+            try:
+                if body.get("stream"):
+                    ex.stream = True
+                    self._write(ex, 200, "text/event-stream", sse(message))
+                else:
+                    self._write(ex, 200, "application/json", json.dumps(message).encode())
+            finally:  # sent: what it cached is readable from now on
+                server.rules.sent(admitted)
 
     return Handler
 
 
 @contextmanager
-def serve(responder: Responder) -> Iterator[FakeServer]:
-    fake = FakeServer(responder)
+def serve(responder: Responder, rules: Messages | None = None) -> Iterator[FakeServer]:
+    fake = FakeServer(responder) if rules is None else FakeServer(responder, rules=rules)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

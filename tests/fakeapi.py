@@ -1,7 +1,10 @@
 """A fake Anthropic Messages API on loopback, driven through the real `anthropic` SDK.
 
 Each request is recorded; a ``responder`` decides the reply from the request
-body. Faults can be injected: a status code (429, 500, 529) or a dropped
+body. Usage is the real API's (``orchestrator.testing.messages``): input tokens from the
+request, prompt-cache reads and writes by the documented prefix rules, and a prompt over
+the model's window refused with the real 400 (``set_window``; ``clock`` drives the cache's
+TTLs). Faults can be injected: a status code (429, 500, 529) or a dropped
 connection, for the first N requests or a fraction of them.
 """
 
@@ -16,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from orchestrator.testing.messages import Admitted, Messages, Refused
 
 Responder = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -73,6 +78,23 @@ class FakeAPI:
     served: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
+    windows: dict[str, int] = field(default_factory=dict)  # model id -> its context window
+    clock: Callable[[], float] | None = None  # the prompt cache's clock (time.monotonic)
+    # the usage each request was answered with, by the index of ``requests`` (None: refused)
+    usages: list[dict[str, Any] | None] = field(default_factory=list)
+    rules: Messages = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rules = Messages(clock=self.clock, windows=self.windows)
+
+    def set_window(self, model: str, tokens: int) -> None:
+        """The context window of ``model``: a longer prompt is refused as the API does."""
+        self.rules.set_window(model, tokens)
+
+    def answered(self) -> list[dict[str, Any]]:
+        """The usage of every request answered (in the order they were received)."""
+        with self.lock:
+            return [u for u in self.usages if u is not None]
 
     def decide_fault(self, rng: random.Random) -> int | None:
         with self.lock:
@@ -110,28 +132,40 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
                 self._send(fault, err, {"retry-after-ms": "10"})
                 return
             with api.lock:
+                index = len(api.requests)
                 api.requests.append(body)
                 api.headers.append({k.lower(): v for k, v in self.headers.items()})
+                api.usages.append(None)
+            try:
+                admitted = api.rules.admit(body)
+            except Refused as e:
+                self._send(e.status, e.body, {"request-id": e.body["request_id"]})
+                return
             if api.delay_s:
                 time.sleep(api.delay_s)
             reply = api.responder(body)
+            usage = admitted.usage(reply.get("content"))
+            with api.lock:
+                api.usages[index] = usage
             message = {
-                "id": f"msg_{len(api.requests)}",
+                "id": f"msg_{index + 1}",
                 "type": "message",
                 "role": "assistant",
                 "model": body.get("model", "fake"),
                 "stop_sequence": None,
-                "usage": {
-                    "input_tokens": len(json.dumps(body)) // 4,
-                    "output_tokens": len(json.dumps(reply["content"])) // 4,
-                },
+                "usage": usage,
                 **reply,
             }
-            self._send(200, message)
+            self._send(200, message, {"request-id": admitted.request_id}, admitted)
 
         def _send(
-            self, code: int, data: dict[str, Any], extra: dict[str, str] | None = None
+            self,
+            code: int,
+            data: dict[str, Any],
+            extra: dict[str, str] | None = None,
+            admitted: Admitted | None = None,
         ) -> None:
+            """Answer; once the answer is written, what ``admitted`` caches is readable."""
             raw = json.dumps(data).encode()
             self.send_response(code)
             self.send_header("content-type", "application/json")
@@ -139,7 +173,12 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
             for k, v in (extra or {}).items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(raw)
+            try:
+                self.wfile.write(raw)
+                self.wfile.flush()
+            finally:
+                if admitted is not None:
+                    api.rules.sent(admitted)
 
     return Handler
 
