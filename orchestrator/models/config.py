@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # trust.py and tests/test_trust_limits.py read this mark: no budget, so a repository's value
 # needs no trust (``config.not_limit``)
 NOT_A_LIMIT: dict[str, Any] = {"not_limit": "how a conversation is kept in its window"}
+A_PRICE: dict[str, Any] = {"not_limit": "a price: a repository's [prices] entry needs trust"}
 
 
 class Price(BaseModel):
@@ -20,11 +21,13 @@ class Price(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    cache_write: float | None = Field(default=None, ge=0)  # a 5-minute cache write
-    cache_write_1h: float | None = Field(default=None, ge=0)
-    cache_read: float | None = Field(default=None, ge=0)
+    input: float = Field(ge=0, json_schema_extra=A_PRICE)
+    output: float = Field(ge=0, json_schema_extra=A_PRICE)
+    cache_write: float | None = Field(
+        default=None, ge=0, json_schema_extra=A_PRICE
+    )  # a 5-minute cache write
+    cache_write_1h: float | None = Field(default=None, ge=0, json_schema_extra=A_PRICE)
+    cache_read: float | None = Field(default=None, ge=0, json_schema_extra=A_PRICE)
 
 
 class Endpoint(BaseModel):
@@ -63,4 +66,4 @@ class ContextSettings(BaseModel):
     # Tool results of the latest turns that clearing never touches.
     keep_tool_results: int = Field(default=4, ge=0, json_schema_extra=NOT_A_LIMIT)
     # Model id -> window in tokens, over the price table's (a private model's, a smaller one).
-    windows: dict[str, int] = Field(default_factory=dict)
+    windows: dict[str, int] = Field(default_factory=dict, json_schema_extra=NOT_A_LIMIT)
