@@ -22,10 +22,11 @@ import pytest
 from orchestrator.catalog.definitions import load_catalog
 from orchestrator.config import Settings, load_settings, load_settings_with_trust
 from orchestrator.engine.admission import Admission
-from orchestrator.engine.budget import dollars, exhausted
+from orchestrator.engine.budget import exhausted
 from orchestrator.engine.runner import Runner
 from orchestrator.models import ModelProvider, pricing
 from orchestrator.models.base import ModelUsage
+from orchestrator.models.pricing import money
 from orchestrator.run import RunRecord, RunStatus, Usage
 from orchestrator.spec import Budgets, Launch, RunPlan, RunSpec
 from orchestrator.store import ChainFull, ChainRoom, ChainUsage, RunStore, SqliteStore
@@ -106,8 +107,8 @@ def test_a_refusal_names_the_setting_and_what_was_spent() -> None:
     assert "max_chain_runs (10) is used up" in str(runs)
     for said in (usd, tokens, runs):
         assert "\n" not in str(said)
-    assert [dollars(x) for x in (0.05, 0.0512, 0.05123, 12.5, 1234.0, 0)] == [
-        "$0.05", "$0.0512", "$0.0512", "$12.50", "$1,234.00", "$0.00"
+    assert [money(x) for x in (0.05, 0.0512, 0.05123, 12.5, 1234.0, 0)] == [
+        "$0.05", "$0.0512", "$0.0512", "$12.50", "$1,234.00", "$0"
     ]  # fmt: skip
 
 

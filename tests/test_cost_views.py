@@ -23,8 +23,8 @@ from orchestrator.cli.main import app
 from orchestrator.cli.runs import chain_lines, ps_table
 from orchestrator.mcpserver.desk import Desk
 from orchestrator.mcpserver.inputs import ListRunsInput, RunRef
+from orchestrator.models.pricing import money
 from orchestrator.process.listing import (
-    money,
     ps_row,
     ps_rows,
     subtree_totals,
@@ -105,7 +105,7 @@ def flat(text: str) -> str:
         (1234.5, False, "$1,234.50"),
         (0.0, False, "$0"),  # no tokens, nothing spent
         (0.0, True, "n/a"),  # tokens of a model without a price: unknown, not $0.0000
-        (0.5, True, "≥$0.5000"),  # a sum with some runs unpriced
+        (0.5, True, "≥$0.50"),  # a sum with some runs unpriced
     ],
 )
 def test_money_is_written_one_way(usd: float, unpriced: bool, said: str) -> None:

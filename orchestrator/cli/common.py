@@ -263,16 +263,17 @@ def budget_line(runs: list[RunRecord]) -> str:
     budgets = next((r.plan.budgets for r in runs if r.plan and r.plan.budgets), None)
     if not budgets:
         return f"chain: {len(runs)} runs"
-    from ..engine.budget import dollars
+    from ..models.pricing import money
+    from ..process.listing import totals
 
     live = sum(1 for r in runs if not r.status.ended)
-    tokens = sum(r.usage.tokens for r in runs)
-    spent = sum(r.usage.cost_usd for r in runs)
+    used = totals(r.usage.model_dump() for r in runs)
+    tokens, spent = used["tokens"], used["total_cost_usd"]
     cap, usd = budgets.tokens, budgets.usd
     line = (
         f"chain budgets: runs {len(runs)}/{budgets.runs} · live {live} "
         f"(working at once ≤ {budgets.running}) · tokens {tokens:,}" + (f"/{cap:,}" if cap else "")
     )
     if usd is not None or spent:
-        line += f" · spent {dollars(spent)}" + (f"/{dollars(usd)}" if usd is not None else "")
+        line += f" · spent {money(spent)}" + (f"/{money(usd)}" if usd is not None else "")
     return line

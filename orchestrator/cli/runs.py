@@ -15,9 +15,9 @@ from rich.live import Live
 from rich.text import Text
 
 from ..engine.owner import this_node
+from ..models.pricing import money
 from ..process.listing import (
     cache_text,
-    money,
     ps_row,
     ps_rows,
     run_cost,

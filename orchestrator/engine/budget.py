@@ -13,17 +13,10 @@ runs spending at once (each may still finish the one request it has sent).
 
 from __future__ import annotations
 
+from ..models.pricing import money
 from ..run import RunRecord
 from ..spec import Budgets
 from ..store import ChainUsage, RunStore
-
-
-def dollars(amount: float) -> str:
-    """``$0.05``, ``$0.0512``, ``$12.50``: up to four decimals, at least two."""
-    if 0 < amount < 0.00005:
-        return f"${amount:.2g}"
-    whole, _, cents = f"{amount:,.4f}".partition(".")
-    return f"${whole}.{cents.rstrip('0').ljust(2, '0')}"
 
 
 def more(setting: str) -> str:
@@ -45,8 +38,8 @@ def used_up(used: ChainUsage, tokens: int | None, usd: float | None) -> tuple[st
         )
     if usd is not None and used.usd >= usd:
         return "max_chain_usd", (
-            f"chain budget max_chain_usd ({dollars(usd)}) is used up: this chain has spent "
-            f"{dollars(used.usd)}"
+            f"chain budget max_chain_usd ({money(usd)}) is used up: this chain has spent "
+            f"{money(used.usd)}"
         )
     return None
 

@@ -22,6 +22,7 @@ from .base import ModelUsage
 from .config import Price
 
 MILLION = 1_000_000
+UNPRICED = "n/a"  # the cost of tokens no price is known for (a model missing from the table)
 # a model spec's provider prefix -> the provider genai-prices files its models under
 _PROVIDERS = {"anthropic/": "anthropic", "openai/": "openai", "openrouter/": "openrouter"}
 
@@ -135,3 +136,19 @@ def window(spec: str, windows: Mapping[str, int] | None = None) -> int | None:
         if windows and key in windows:
             return windows[key]
     return _table(spec)[1]
+
+
+def money(usd: float, *, unpriced: bool = False) -> str:
+    """A cost as every view and message writes it: ``$0.05``, ``$0.0512`` under a dollar (to
+    four decimals, at least two), ``$12.50`` from one; ``<$0.0001``; nothing spent ``$0``;
+    an unknown price ``n/a`` (never ``$0``), a sum that holds some unknown ``≥$0.0123``."""
+    if usd <= 0:
+        return UNPRICED if unpriced else "$0"
+    if usd < 0.00005:
+        text = "<$0.0001"
+    elif usd >= 0.995:
+        text = f"${usd:,.2f}"
+    else:
+        cents = f"{usd:.4f}".partition(".")[2]
+        text = f"$0.{cents.rstrip('0').ljust(2, '0')}"
+    return f"≥{text}" if unpriced else text

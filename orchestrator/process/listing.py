@@ -3,7 +3,7 @@ from the stored records (the same keys in both); and what runs used, summed.
 
 :func:`totals` is the one sum of runs' usage (tokens of every kind, cost): a chain's, or a
 run's with the runs under it; every view (ps, tree, result, logs, the dashboard, MCP) shows
-its figures, none adds them up itself. :func:`money` is how every view writes a cost.
+its figures, none adds them up itself; ``models.pricing.money`` is how each writes a cost.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..models.pricing import money
 from ..run import RunStatus, first_line, now
 from ..store import RunStore
 
@@ -50,7 +51,6 @@ TOKEN_KEYS = (
     "cache_creation_input_tokens",
     "cache_read_input_tokens",
 )
-UNPRICED = "n/a"  # the cost of tokens no price is known for (a model missing from the table)
 RECENT_S = 3600.0
 ABOUT_CHARS = 200  # a description taken from a prompt's first line
 
@@ -98,20 +98,6 @@ def totals(usages: Iterable[object]) -> dict[str, Any]:
     sums["total_cost_usd"] = round(math.fsum(r["cost_usd"] for r in rows), 10)
     sums["unpriced"] = sum(1 for r in rows if r["tokens"] and not r["cost_usd"])
     return sums
-
-
-def money(usd: float, *, unpriced: bool = False) -> str:
-    """A cost as every view writes it: ``$0.0123`` under a dollar, ``$1.23`` from one; an
-    unknown price ``n/a`` (never ``$0.0000``), a sum with some unknown ``≥$0.0123``."""
-    if usd <= 0:
-        return UNPRICED if unpriced else "$0"
-    if usd < 0.00005:
-        text = "<$0.0001"
-    elif usd < 0.99995:
-        text = f"${usd:.4f}"
-    else:
-        text = f"${usd:,.2f}"
-    return f"≥{text}" if unpriced else text
 
 
 def run_cost(u: Mapping[str, Any]) -> str:
