@@ -80,7 +80,7 @@ class AnthropicProvider:
     name = "anthropic"
     env_prefix = "ANTHROPIC_"
     env_names = API.names
-    preload = (__name__, "anthropic")
+    preload = (__name__, "anthropic", "genai_prices")  # its SDK, and the price table
     api = API
     whole_run = False
 

@@ -71,7 +71,7 @@ class ChatProvider:
     """A Chat Completions service whose settings are environment variables (``api``)."""
 
     whole_run = False
-    preload = (__name__, "openai")
+    preload = (__name__, "openai", "genai_prices")  # its SDK, and the price table
 
     def __init__(self, name: str, api: ApiEnv, env_prefix: str) -> None:
         self.name = name
