@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ from orchestrator.models import ModelProvider
 from orchestrator.models.base import ContextOverflow, ModelRequest, ModelResponse, ModelUsage
 from orchestrator.run import RunRecord, RunStatus
 from orchestrator.spec import RunSpec
-from orchestrator.store import SqliteStore
+from orchestrator.store import SqliteStore, open_store
+from tests.fakeapi import served, text_reply, tool_reply
 from tests.fakes import FakeRuntime, provisioner
 from tests.loopkit import conversation_problems
-from tests.support import RUN_DEADLINE_S
+from tests.support import RUN_DEADLINE_S, init_repo
 
 FILES = 25
 FILE_CHARS = 40_000
@@ -200,3 +202,60 @@ def test_a_compacted_view_is_the_task_the_summary_and_the_latest_exchange() -> N
     assert [m["role"] for m in view] == ["user", "assistant", "user"]
     assert "task" in view[0]["content"] and "SUMMARY-TEXT" in view[0]["content"]
     assert view[1:] == messages[5:]
+
+
+# -- through the real SDK: the issue's long run ----------------------------------------------
+
+
+def _reads(body: dict[str, Any]) -> int:
+    """How many files the conversation sent has read: the latest read_file call's number
+    (after a compaction the latest exchange is kept whole, so its call is still there)."""
+    text = json.dumps(body["messages"])
+    numbers = [int(n) for n in re.findall(r'"path": "big/f(\d\d)\.txt"', text)]
+    return max(numbers) + 1 if numbers else 0
+
+
+def _long_run(body: dict[str, Any]) -> dict[str, Any]:
+    if SUMMARY_ASK in json.dumps(body["messages"][-1]):
+        return text_reply(
+            f"Task: read big/f00.txt to big/f24.txt. Done: up to big/f{_reads(body) - 1:02d}.txt."
+        )
+    done = _reads(body)
+    if done < FILES:
+        return tool_reply(("read_file", {"path": f"big/f{done:02d}.txt"}))
+    return text_reply(ANSWER)
+
+
+@pytest.mark.usefixtures("hermetic_git")
+def test_twenty_five_files_of_40_kb_against_a_200k_window_succeed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's run through the real `anthropic` SDK against the fake Messages API, whose
+    window (200k, claude-sonnet-4-5's) refuses a longer prompt with the real error: without
+    orch's clearing and compaction it failed at turn 20 with `prompt is too long`."""
+    files = {f"big/f{i:02d}.txt": v for i, (_, v) in enumerate(sorted(_files().items()))}
+    root = init_repo(tmp_path / "proj", files)
+    cfg = Settings(model="sonnet")
+    store = open_store(root)
+    provider = ModelProvider(cfg)
+    runner = Runner(settings=cfg, store=store, catalog=load_catalog(root), models=provider)
+    prompt = "Read big/f00.txt to big/f24.txt, one at a time, and say what they hold."
+
+    async def go() -> RunRecord:
+        async with provider:
+            return await asyncio.wait_for(runner.run(RunSpec(prompt=prompt, workdir=root)), 300)
+
+    with served(_long_run, monkeypatch) as api:
+        record = asyncio.run(go())
+        usages = api.answered()
+    assert record.status == RunStatus.SUCCEEDED, record.error
+    assert record.output == ANSWER
+    assert len(api.requests) == len(usages)  # the API refused none
+    kinds = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    sizes = [sum(u[k] for k in kinds) for u in usages]
+    assert max(sizes) <= WINDOW, sizes
+    events = [e["data"] for e in store.events(record.run_id) if e["kind"] == "context_compacted"]
+    assert events and events[0]["window"] == WINDOW, sizes
+    kept = json.dumps(store.transcript(record.run_id))
+    assert all(f"MARKER-{i:02d} " + "x" * 1000 in kept for i in range(FILES))
+    assert record.usage.cost_usd > 0 and record.usage.cache_read_input_tokens > 0
