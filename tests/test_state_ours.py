@@ -18,7 +18,7 @@ from orchestrator.pgroups import process_start
 from orchestrator.project.statedir import sign
 from orchestrator.run import RunRecord, RunStatus, now
 from orchestrator.store import RunStore, SqliteStore
-from tests.support import git, init_repo, orch, wait_for, write_script
+from tests.support import _unavailable, git, init_repo, need_docker, orch, wait_for, write_script
 
 IMAGE = "orch-test-busybox:latest"
 DEAD_PID = 4_000_000  # above pid_max: no owner lives there
@@ -58,6 +58,11 @@ def _docker(*args: str) -> str:
 
 @pytest.fixture
 def containers() -> Iterator[list[str]]:
+    """Containers a test made, removed after it; skips where no Docker engine answers or the
+    test image is missing (a Docker CLI alone is not an engine; fails under CI=true)."""
+    need_docker()
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode:
+        _unavailable(f"{IMAGE} is missing: run sandboxes/build-test-image.sh")
     made: list[str] = []
     yield made
     for cid in made:
