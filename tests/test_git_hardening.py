@@ -143,7 +143,7 @@ def test_child_environment_is_scrubbed(
     env = hardened_env(IDENT)
     assert "ANTHROPIC_API_KEY" not in env and "GITHUB_TOKEN" not in env
     assert env["GIT_CONFIG_GLOBAL"] == os.devnull and env["GIT_CONFIG_NOSYSTEM"] == "1"
-    assert env["HOME"] != os.environ["HOME"] and not os.listdir(env["HOME"])
+    assert env["HOME"] == os.devnull  # no directory at all: nothing to plant in (issue 38)
     assert env["GIT_AUTHOR_NAME"] == "t"
     with pytest.raises(ValueError, match="not an author"):
         hardened_env({"ANTHROPIC_API_KEY": "x"})
@@ -168,7 +168,7 @@ def test_forced_config_beats_repository_config(evil: tuple[Path, Plants]) -> Non
         got = git_sync("config", "--show-scope", "--get", key, repo=main).out
         assert got.rstrip("\n") == f"command\t{want}"
     hooks = git_sync("config", "--get", "core.hooksPath", repo=main).out.strip()
-    assert os.listdir(hooks) == [] and hooks != str(repo.parent / "confighooks")
+    assert hooks == os.devnull and hooks != str(repo.parent / "confighooks")
     assert plants.fired() == []
 
 

@@ -7,13 +7,15 @@ worktree could edit. Every git process orch starts is built by :func:`prepare` a
 :func:`~orchestrator.project.git.git_sync` or :func:`~orchestrator.project.git.spawn_sync`):
 
 - **environment from scratch**: ``PATH`` (absolute entries; git by absolute path),
-  ``HOME`` = an empty directory orch owns, ``LANG/LC_ALL=C``, ``GIT_CONFIG_NOSYSTEM``,
-  ``GIT_CONFIG_GLOBAL=/dev/null``, ``GIT_ATTR_NOSYSTEM``, ``GIT_TERMINAL_PROMPT=0``,
-  ``GIT_OPTIONAL_LOCKS=0``, ``GIT_NO_REPLACE_OBJECTS``, ``GIT_EDITOR=true`` and the
-  author/committer identity a caller passes: no API keys, no ``GIT_*`` redirections.
+  ``HOME=/dev/null`` (no directory: nothing there to plant), ``LANG/LC_ALL=C``,
+  ``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``, ``GIT_ATTR_NOSYSTEM``,
+  ``GIT_TERMINAL_PROMPT=0``, ``GIT_OPTIONAL_LOCKS=0``, ``GIT_NO_REPLACE_OBJECTS``,
+  ``GIT_EDITOR=true`` and the author/committer identity a caller passes: no API keys, no
+  ``GIT_*`` redirections.
 - **config forced** through ``GIT_CONFIG_COUNT``/``KEY_n``/``VALUE_n`` (command-line
   scope: beats repository config, inherited by git's children): :data:`FORCED_CONFIG`,
-  ``core.hooksPath`` = an empty directory orch owns, ``core.excludesFile`` = the user's
+  ``core.hooksPath=/dev/null`` (no hook can exist below a device, and no directory orch
+  makes is one an agent could rewrite: issue 38), ``core.excludesFile`` = the user's
   global ignore file (data, read with ``git config --file``).
 - **explicit repository**: callers pass :class:`RepoPaths`; ``GIT_DIR`` and
   ``GIT_WORK_TREE`` are set, so a ``.git`` file planted in a tree is never read. A
@@ -28,12 +30,9 @@ worktree could edit. Every git process orch starts is built by :func:`prepare` a
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
 import shutil
 import subprocess
-import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,22 +132,11 @@ def first_line(text: str) -> str:
 
 # -- the environment ----------------------------------------------------------------------
 
-_setup_lock = threading.Lock()
-_private: list[Path] = []
 _user: dict[tuple[str, str], tuple[str, list[str]]] = {}
 _git_exe: list[str] = []
-
-
-def _private_dir() -> Path:
-    """An empty directory orch owns, with ``hooks/`` and ``home/`` (both empty, read-only)."""
-    with _setup_lock:
-        if not _private or not (_private[0] / "hooks").is_dir():
-            base = Path(tempfile.mkdtemp(prefix="orch-git-"))
-            for name in ("hooks", "home"):
-                (base / name).mkdir(mode=0o500)
-            atexit.register(shutil.rmtree, base, True)
-            _private[:] = [base]
-        return _private[0]
+# What git gets where it would want a directory: a device, below which nothing can ever be
+# made (no directory of orch's own, under an environment-chosen TMPDIR, to be rewritten).
+NO_DIR = "/dev/null"
 
 
 def _clean_path() -> str:
@@ -181,7 +169,7 @@ def _user_settings() -> tuple[str, list[str]]:
             cmd = prepare(
                 ("config", "--file", str(config), "--get-all", name),
                 None,
-                cwd=_private_dir() / "home",
+                cwd=Path("/"),
                 user=False,
             )
             values = [v for v in run_sync(cmd, 30.0).out.splitlines() if v.strip()]
@@ -208,10 +196,9 @@ def hardened_env(
 
     ``user``: honour the user's global ignore file (else none: reading the user's config).
     """
-    base = _private_dir()
     env = {
         "PATH": _clean_path(),
-        "HOME": str(base / "home"),
+        "HOME": NO_DIR,
         "LANG": "C",
         "LC_ALL": "C",
         "LANGUAGE": "C",
@@ -233,7 +220,7 @@ def hardened_env(
         env[key] = value
     excludes = _user_settings()[0] if user else os.devnull
     forced = [
-        ("core.hooksPath", str(base / "hooks")),
+        ("core.hooksPath", NO_DIR),
         ("core.excludesFile", excludes),
         *FORCED_CONFIG,
         *config,

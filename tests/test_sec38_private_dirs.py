@@ -1,0 +1,90 @@
+"""Issue 38, class 2: no security-relevant path in an environment-chosen place.
+
+orch forced ``core.hooksPath`` (and git's ``HOME``) to a directory it made under
+``$TMPDIR``; with ``TMPDIR`` inside the checkout an agent rewrote it and orch's next host
+git command ran the planted hook. Git now gets settings that need no directory at all
+(``core.hooksPath=/dev/null``, ``HOME=/dev/null``); the other private paths (the sockets'
+key, the dashboard's opener, the egress proxy's doors) live in orch's private root
+(``process/private.py``), never under ``$TMPDIR``, hidden from every sandbox.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.project import gitprocess
+from orchestrator.run import RunStatus
+from tests.support import harness, init_repo, task_call
+
+pytestmark = pytest.mark.bwrap
+
+HOOKS = ("post-checkout", "pre-commit", "post-commit", "reference-transaction", "pre-auto-gc")
+
+
+def bash(command: str) -> dict[str, Any]:
+    return {"tool": "bash", "input": {"command": command}}
+
+
+@pytest.fixture
+def tmpdir_in_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A checkout whose ``TMPDIR`` lies inside it (a user's ``export TMPDIR=$PWD/tmp``), and
+    a fresh orch process's git state (nothing made before this test)."""
+    repo = init_repo(tmp_path / "proj", {"README.md": "# the user's\n", ".gitignore": "tmp/\n"})
+    tmp = repo / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    for name in ("_user", "_git_exe"):
+        if hasattr(gitprocess, name):
+            monkeypatch.setattr(gitprocess, name, type(getattr(gitprocess, name))())
+    return repo, tmp_path / "HOOK-RAN"
+
+
+def _plant(where: str, mark: Path) -> str:
+    """An agent's bash: every hooks directory orch could have forced, under ``where``,
+    made writable and given every hook git runs on a host command."""
+    hooks = " ".join(HOOKS)
+    return (
+        f"for d in $(find {where} -type d -name hooks 2>/dev/null); do chmod -R u+w $d; "
+        f"for h in {hooks}; do printf '#!/bin/sh\\ntouch {mark}\\n' > $d/$h; chmod +x $d/$h; "
+        "done; echo planted $d; done; true"
+    )
+
+
+def test_break2_a_hooks_dir_under_tmpdir_in_the_checkout_is_never_run(
+    tmpdir_in_checkout: tuple[Path, Path],
+) -> None:
+    repo, mark = tmpdir_in_checkout
+    script = {
+        "conversations": [
+            {"depth": 0, "turns": [
+                {"tool_calls": [task_call("prepare", isolation="worktree")]},
+                {"tool_calls": [bash(_plant("tmp", mark))]},
+                {"tool_calls": [task_call("then", isolation="worktree")]},
+                {"text": "done"},
+            ]},
+            {"depth": 1, "turns": [{"tool_calls": [bash("echo x > x.txt")]}, {"text": "ok"}]},
+        ]
+    }  # fmt: skip
+    h = harness(repo, script)
+    root = h.run(isolation="shared")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    # orch's host git ran (two worktrees made and committed) and never ran a planted hook
+    assert len(h.runs(root.chain_id)) == 3
+    assert not mark.exists()
+    # and made no directory for git under the agent-writable TMPDIR at all
+    assert [p.name for p in (repo / "tmp").iterdir()] == []
+
+
+def test_git_needs_no_private_directory() -> None:
+    env = gitprocess.hardened_env()
+    forced = {
+        env[f"GIT_CONFIG_KEY_{n}"]: env[f"GIT_CONFIG_VALUE_{n}"]
+        for n in range(int(env["GIT_CONFIG_COUNT"]))
+    }
+    assert forced["core.hooksPath"] == "/dev/null"
+    assert env["HOME"] == "/dev/null"
