@@ -34,6 +34,8 @@ _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 _EXAMPLES = "e.g. 'pypi.org', '*.github.com', '127.0.0.1:8080'"
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_COMPATIBLE = ipaddress.ip_network("::/96")  # IPv4-compatible ::a.b.c.d (deprecated)
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated ::ffff:0:a.b.c.d
 _LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
 # not global, though Python 3.11's is_global says so: local NAT64, site-local
 _LOCAL = (ipaddress.ip_network("64:ff9b:1::/48"), ipaddress.ip_network("fec0::/10"))
@@ -108,9 +110,31 @@ def as_address(name: str) -> IPAddress | None:
         return None
 
 
+def carried(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries in its last 32 bits and stands for: IPv4-mapped
+    ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d`` and IPv4-translated
+    ``::ffff:0:a.b.c.d``; None for any other (``::`` and ``::1`` are IPv6's own)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if (address in _COMPATIBLE and int(address) > 1) or address in _TRANSLATED:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def classed(address: IPAddress) -> IPAddress:
+    """The address as the rules class it: the IPv4 one it carries (:func:`carried`), or
+    itself."""
+    return carried(address) or address
+
+
 def public(address: IPAddress) -> bool:
-    """A global unicast address, also when another address wraps it (IPv4-mapped, 6to4,
-    Teredo, NAT64): anything else is the host's own, a private network's or reserved."""
+    """A global unicast address, also when another address wraps it (IPv4-mapped,
+    -compatible or -translated, 6to4, Teredo, NAT64): anything else is the host's own, a
+    private network's or reserved. An address carrying an IPv4 one is that one."""
+    if (inner4 := carried(address)) is not None:
+        return public(inner4)
     if isinstance(address, ipaddress.IPv6Address):
         inner = [address.ipv4_mapped, address.sixtofour]
         inner += list(address.teredo or ())
@@ -175,7 +199,7 @@ class Rule:
             return False
         address = as_address(host)
         if self.network is not None:
-            return address is not None and address in self.network
+            return address is not None and self._names(address)
         if self.name == "*":
             return address is None or public(address)
         if address is not None or self.name is None:
@@ -186,7 +210,12 @@ class Rule:
 
     def lists(self, address: IPAddress, port: int) -> bool:
         """This entry names ``address`` itself (an address range), at ``port``."""
-        return self.network is not None and address in self.network and self.port_ok(port)
+        return self.network is not None and self._names(address) and self.port_ok(port)
+
+    def _names(self, address: IPAddress) -> bool:
+        """The range holds ``address``, or the IPv4 address it carries."""
+        assert self.network is not None
+        return address in self.network or classed(address) in self.network
 
     def covers(self, other: Rule) -> bool:
         """Everything ``other`` lets through, this entry does too."""
