@@ -15,6 +15,10 @@ Where the time goes is printed as phases (median over children): first request â
 bash call's result (spawn and run of one ``true`` while N others do the same), and
 that result â†’ the answer.
 
+Beside each tier's in-process figure, the same tree at its widest point through the real
+SDK over HTTP against a fake Messages API in a process of its own (``sdkfanout.py``), with
+the fake's own CPU time.
+
 Run: ``python bench/fanout.py [shared|worktree|container ...]``.
 """
 
@@ -33,7 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worktree import _raw, make_repo  # noqa: E402  (bench/ is on sys.path)
+import sdkfanout  # noqa: E402  (bench/ is on sys.path)
+from worktree import _raw, make_repo  # noqa: E402
 
 from orchestrator.catalog.definitions import load_catalog  # noqa: E402
 from orchestrator.config import SandboxSettings, Settings  # noqa: E402
@@ -336,6 +341,7 @@ def run(tiers: tuple[str, ...] = ("shared", "worktree", "container")) -> list[di
             root = Path(tmp)
             make_repo(root, 200)
             rows.extend(measure(tier, root))
+            rows.extend(sdkfanout.tier_rows(tier, root))  # the same through the SDK over HTTP
             if tier == "shared":
                 rows.append(unsandboxed(root))
             if tier == "worktree":
