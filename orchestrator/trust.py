@@ -196,6 +196,9 @@ class Trust:
     recorded: str | None = None  # the digest the trust store holds for ``root``
     honoured: bool = False  # the gated settings apply (trusted, and within any cap)
     floors: tuple[AgentFloor, ...] = ()
+    # the ``agents_dirs`` the repository's settings name and the user's do not: their
+    # definitions are the repository's wherever they point (``catalog/owner.py``)
+    agents_dirs: tuple[str, ...] = ()
 
     @property
     def trusted(self) -> bool:
@@ -250,6 +253,7 @@ def gate(
     if root is None:
         return repo, Trust()
     root = root.resolve()
+    named = theirs_dirs(user, repo)
     bounds = limits(type(view({})))
     keys = dict.fromkeys([*_GATED_KEYS, *(name.split(".")[0] for name in bounds)])
     base = view({k: user[k] for k in keys if k in user}) or view({})
@@ -266,11 +270,11 @@ def gate(
     for f in floors:
         relevant[f"{f.kind}.{f.name}.{f.key}"] = {"file": _shown_path(f.path, root), f.key: f.value}
     if not relevant:
-        return repo, Trust(root=root)
+        return repo, Trust(root=root, agents_dirs=named)
     digest = digest_of(relevant)
     recorded = read_store().get(str(root), {}).get("sha256")
     honoured = recorded == digest and (cap is None or cap.digest == digest)
-    trust = Trust(root, relevant, digest, recorded, honoured, tuple(floors))
+    trust = Trust(root, relevant, digest, recorded, honoured, tuple(floors), named)
     if honoured:
         return repo, trust
     kept = {k: v for k, v in repo.items() if k not in relevant}
@@ -280,6 +284,17 @@ def gate(
             without = getattr(base, table).model_dump(mode="json")
             kept[table] = {**repo[table], **{k: without[k] for k in subs}}
     return kept, trust
+
+
+def theirs_dirs(user: dict[str, Any], repo: dict[str, Any]) -> tuple[str, ...]:
+    """The ``agents_dirs`` entries of the repository's settings the user's do not name."""
+
+    def named(settings: dict[str, Any]) -> list[str]:
+        dirs = settings.get("agents_dirs")
+        return [str(d) for d in dirs] if isinstance(dirs, list) else []
+
+    mine = named(user)
+    return tuple(dict.fromkeys(d for d in named(repo) if d not in mine))
 
 
 def _jsonable(value: Any) -> Any:

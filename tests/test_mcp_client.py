@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config import SandboxSettings
+from orchestrator.mcpclient.names import NO_USERS
 from orchestrator.run import RunRecord, RunStatus
 from tests.support import Harness, harness, init_repo, need_bwrap, task_call, tool_results
 
@@ -120,7 +121,7 @@ def test_a_child_calls_a_project_server_that_runs_inside_its_sandbox(
     root = h.run()
     assert root.status == RunStatus.SUCCEEDED, root.error
     child = child_of(h, root)
-    assert child.allowed_tools == ["read_file", "mcp__proj__probe"]
+    assert child.allowed_tools == ["read_file", "mcp__proj__probe", NO_USERS]  # a repo agent
     # the child was offered the server's tool, with its schema and description
     offered = {t["name"]: t for t in h.requests_of(child.run_id)[0].tools}
     assert set(offered) == {"read_file", "mcp__proj__probe"}
@@ -148,7 +149,7 @@ def test_a_child_never_gets_an_mcp_tool_its_parent_lacks(tmp_path: Path) -> None
     root = h.run(agent="lead")
     assert root.status == RunStatus.SUCCEEDED, root.error
     child = child_of(h, root)
-    assert child.allowed_tools == ["read_file"]
+    assert child.allowed_tools == ["read_file", NO_USERS]
     assert [t["name"] for t in h.requests_of(child.run_id)[0].tools] == ["read_file"]
     (refused,) = results(h, child)
     assert refused.get("is_error") and "unknown tool 'mcp__proj__probe'" in refused["content"]
@@ -167,7 +168,7 @@ def test_a_child_never_gets_an_mcp_tool_its_parent_lacks(tmp_path: Path) -> None
     root2 = h2.run(agent="wide")
     assert root2.status == RunStatus.SUCCEEDED, root2.error
     child2 = child_of(h2, root2)
-    assert child2.allowed_tools == ["mcp__proj__echo"]
+    assert child2.allowed_tools == ["mcp__proj__echo", NO_USERS]  # below a repo agent
     assert [t["name"] for t in h2.requests_of(child2.run_id)[0].tools] == ["mcp__proj__echo"]
     assert "unknown tool" in results(h2, child2)[0]["content"]
     assert processes_with(mark) == []
@@ -256,7 +257,7 @@ def test_an_agents_own_mcp_servers_entry_gives_it_that_servers_tools(tmp_path: P
     root = h.run()
     assert root.status == RunStatus.SUCCEEDED, root.error
     child = child_of(h, root)
-    assert child.allowed_tools == ["read_file", "mcp__own"]
+    assert child.allowed_tools == ["read_file", "mcp__own", NO_USERS]
     names = [t["name"] for t in h.requests_of(child.run_id)[0].tools]
     assert names[0] == "read_file" and "mcp__own__echo" in names and len(names) == 7
     assert results(h, child)[0]["content"] == "echo:mine"

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ..config import Settings, load_settings_with_trust
 from ..egress.rules import AllowList, NetworkSetting, Reach, parse_setting
 from ..errors import OrchError
-from ..trust import AgentFloor, Trust, TrustCap
+from ..trust import AgentFloor, Trust, TrustCap, theirs_dirs
+from .owner import Owners, found_in
 
 if TYPE_CHECKING:
     from .definitions import AgentDefinition, Catalog
@@ -35,9 +36,10 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
 
     The directories are taken in the catalog's order (the user's ``agents_dirs`` from
     ``user``, the repository's from ``repo``, ``.orch/agents``, ``.claude/agents``,
-    ``~/.orch/agents``, bundled; the first file of a name wins). A directory is the
-    repository's when it lies inside ``root`` (whoever named it: the repository's files are
-    in it); the rest are the user's. A repository agent that wins over a user's (or bundled)
+    ``~/.orch/agents``, bundled; the first file of a name wins). Whose each file is, and
+    how the repository's are read, is ``owner.py``'s one rule (a directory the repository's
+    settings name is the repository's wherever it points; one in the project is, whoever
+    named it). A repository agent that wins over a user's (or bundled)
     agent of the same name must not have a weaker isolation (none written is ``shared``),
     a tool (or an agent it may start) the user's lacks, more turns, or another network."""
 
@@ -45,9 +47,12 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
         dirs = settings.get("agents_dirs")
         return [root / Path(str(d)).expanduser() for d in (dirs if isinstance(dirs, list) else [])]
 
-    repo_dirs = [*named(repo), root / ".orch/agents", root / ".claude/agents"]
+    theirs = [Path(d) for d in theirs_dirs(user, repo)]
+    owners = Owners.of(root, theirs)
+    repo_dirs = [*(root / d.expanduser() for d in theirs), root / ".orch/agents"]
+    repo_dirs.append(root / ".claude/agents")
     teams = team_floors(root, user)
-    if not any(d.is_dir() for d in [*repo_dirs, *named(user)] if _inside(d, root)):
+    if not any(d.is_dir() for d in [*repo_dirs, *named(user)] if owners.repository_dir(d)):
         return teams  # the usual case: no agent file to parse, nothing imported
     from ..workspaces.registry import TIER_NAMES, rank
     from .definitions import ORCH_TOOLS, bundled_dir
@@ -55,19 +60,19 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
     bundled = bundled_dir("agents")
     order = [*named(user), *repo_dirs, Path.home() / ".orch/agents"]
     order += [bundled] if bundled else []
-    found = _by_name(order)
+    found = _by_name(order, owners, bundled)
     settings_turns = float("inf")  # an agent without maxTurns gets the settings' (any)
     users_net = _network(user)
     users = Reach.of(users_net)
     floors: list[AgentFloor] = []
     for name, entries in sorted(found.items()):
         path, d = entries[0]
-        if not _inside(path, root):
+        if not d.repository:
             continue  # the user's (or bundled) agent wins
         wider = d.network is not None and not users.covers(Reach.of(d.network))
         if wider:  # a network the user's settings do not reach
             floors.append(AgentFloor(name, path, "network", _shown(d.network)))
-        mine = next(((p, u) for p, u in entries[1:] if not _inside(p, root)), None)
+        mine = next(((p, u) for p, u in entries[1:] if not u.repository), None)
         if mine is None:
             continue
         theirs_path, u = mine
@@ -139,29 +144,24 @@ def _more_tools(d: AgentDefinition, u: AgentDefinition) -> bool:
     return u.agents is not None and (d.agents is None or not set(d.agents) <= set(u.agents))
 
 
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        return path.resolve().is_relative_to(root)
-    except OSError:
-        return True  # cannot tell: the repository's (its files get no say over the user's)
-
-
-def _by_name(dirs: list[Path]) -> dict[str, list[tuple[Path, AgentDefinition]]]:
-    """Like the catalog, each directory in turn, but every file of a name, first the winner."""
-    from .definitions import agent_files, load_agent_file
+def _by_name(
+    dirs: list[Path], owners: Owners, bundled: Path | None
+) -> dict[str, list[tuple[Path, AgentDefinition]]]:
+    """Like the catalog, each directory in turn, but every file of a name, first the winner
+    (a file that does not load: the catalog reports it)."""
+    from .definitions import parse_agent
 
     found: dict[str, list[tuple[Path, AgentDefinition]]] = {}
     seen: set[Path] = set()
     for directory in dirs:
         if not directory.is_dir() or directory.resolve() in seen:
             continue
+        loaded = found_in("agents", directory, owners, parse_agent, [], bundled)
+        if loaded is None:
+            continue
         seen.add(directory.resolve())
         here: set[str] = set()
-        for path in agent_files(directory):
-            try:
-                d = load_agent_file(path)
-            except (OrchError, OSError):
-                continue  # the catalog reports it
+        for path, d in loaded:
             if d.name not in here:
                 here.add(d.name)
                 found.setdefault(d.name, []).append((path, d))

@@ -10,7 +10,6 @@ definition, never a crash. A file that cannot be loaded at all becomes a
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,12 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..egress.rules import NetworkSetting, parse_setting
 from ..errors import UsageError
-from ..mcpclient.names import EVERY, is_mcp, parts
+from ..mcpclient.names import DENY, EVERY, NO_USERS, is_mcp, parts
 from .frontmatter import DefinitionError as DefinitionError  # re-exported: loaders raise it
 from .frontmatter import parse_frontmatter
+from .owner import SKIP as _SKIP
+from .owner import Owners, found_in
+from .owner import read_text as _read
 
 if TYPE_CHECKING:  # imported when a file or a catalog has MCP servers (startup time)
     from ..mcpclient.declared import Declared
+    from ..trust import Trust
 
 # Our own tool names pass through a ``tools`` list unchanged.
 ORCH_TOOLS: tuple[str, ...] = tuple(
@@ -67,7 +70,6 @@ SKILL_FIELDS = frozenset(
     "name description license allowed-tools metadata version compatibility".split()
 )
 
-_SKIP = re.compile(r"^((?i:readme\.md)|LICENSE.*|\..*)$")  # not license-engineer.md
 _WITHOUT = "the agent loads without it"
 _PATTERN_RE = re.compile(r"^([^()]+)\((.*)\)$")
 
@@ -104,6 +106,7 @@ class AgentDefinition(BaseModel):
     system_prompt: str = ""
     source: str = ""  # file path, or "bundled:<name>"
     warnings: list[str] = Field(default_factory=list)
+    repository: bool = False  # the repository's (``owner.py``), set where it is loaded
 
     def allowed_tools(self, all_tools: list[str]) -> list[str]:
         """The tools of ``all_tools`` (in that order) this agent may use, then its MCP grants
@@ -284,13 +287,6 @@ def parse_skill(text: str, path: Path | str, source: str | None = None) -> Skill
     )
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DefinitionError(path, 1, f"cannot read the file as UTF-8 text ({e})") from e
-
-
 def load_agent_file(path: Path, source: str | None = None) -> AgentDefinition:
     return parse_agent(_read(path), path, source)
 
@@ -308,14 +304,24 @@ class Catalog:
     errors: list[DefinitionError] = field(default_factory=list)
     mcp: Declared | None = None  # the MCP servers declared for the project (load_catalog)
     root: Path | None = None  # the project it was loaded for: its agent files are the repo's
+    owners: Owners = field(default_factory=Owners)  # whose each file is (``owner.py``)
 
     def from_repository(self, agent: AgentDefinition) -> bool:
-        """Whether ``agent`` comes from a file inside the project (the repository's own)."""
-        if self.root is None or agent.source.startswith("bundled:") or not agent.source:
-            return False
-        # by the path it was loaded from, not where a link in it leads: a link the
-        # repository planted still makes the agent the repository's
-        return Path(os.path.abspath(agent.source)).is_relative_to(os.path.abspath(self.root))
+        """Whether ``agent`` is the repository's (``owner.py``): as it was loaded, or by the
+        file it came from (by the path it was loaded from, or where a link in it leads)."""
+        if agent.repository:
+            return True
+        if self.root is None or "/" not in agent.source or agent.source.startswith("bundled:"):
+            return False  # orch's own (a team's, a gate's: "orch team"), or bundled
+        owners = self.owners if self.owners.root is not None else Owners.of(self.root)
+        return owners.inside(agent.source)
+
+    def denies(self, agent: AgentDefinition) -> list[str]:
+        """``agent``'s MCP denies as its run's allowed_tools keep them, for every run below
+        it too (``names.with_denies``): its ``disallowedTools`` of MCP tools and, for the
+        repository's agent, the user's servers (``names.NO_USERS``)."""
+        own = [DENY + t for t in agent.disallowed_tools if is_mcp(t)]
+        return [*own, NO_USERS] if self.from_repository(agent) else own
 
     def agent(self, name: str) -> AgentDefinition:
         return _named(self.agents, "agent", name, UnknownAgent)
@@ -361,8 +367,9 @@ def _named(found: dict[str, _D], kind: str, name: str, unknown: type[UsageError]
 def _load_dirs(
     kind: Literal["agents", "skills"],
     dirs: list[Path],
-    load: Callable[[Path, str | None], _D],
+    parse: Callable[[str, Path, str | None], _D],
     errors: list[DefinitionError],
+    owners: Owners,
 ) -> dict[str, _D]:
     """Load each directory in turn; a name already found in an earlier one is kept."""
     found: dict[str, _D] = {}
@@ -371,15 +378,12 @@ def _load_dirs(
     for directory in [*dirs, bundled] if bundled is not None else dirs:
         if directory.resolve() in seen or not directory.is_dir():
             continue
+        loaded = found_in(kind, directory, owners, parse, errors, bundled)  # (owner.py)
+        if loaded is None:
+            continue  # refused: the same directory may still be the user's, named by them
         seen.add(directory.resolve())
         here: dict[str, Path] = {}
-        for path in agent_files(directory) if kind == "agents" else skill_files(directory):
-            label = path.stem if kind == "agents" else path.parent.name
-            try:
-                d = load(path, f"bundled:{label}" if directory == bundled else None)
-            except DefinitionError as e:
-                errors.append(e)
-                continue
+        for path, d in loaded:
             if d.name in here:
                 msg = f"name {d.name!r} is already used by {here[d.name]}; rename one of them"
                 errors.append(DefinitionError(path, 1, msg))
@@ -395,9 +399,13 @@ def load_catalog(
     home: Path | None = None,
     *,
     skills_dirs: Sequence[Path] = (),
+    trust: Trust | None = None,
+    hidden: Sequence[str] = (),
 ) -> Catalog:
     """Agents from each of ``agents_dirs``, ``<project>/.orch/agents``, ``.claude/agents``,
-    ``~/.orch/agents``, bundled; skills likewise. On a name clash the earlier one wins."""
+    ``~/.orch/agents``, bundled; skills likewise. On a name clash the earlier one wins.
+    Whose each is (``owner.py``) follows ``trust`` (the directories the repository's
+    settings name); ``hidden``: ``sandbox.hidden``, never read from the repository."""
     for d in [*agents_dirs, *skills_dirs]:
         if not d.is_dir():
             raise UsageError(f"directory {d} does not exist; check the --agents-dir path")
@@ -407,9 +415,14 @@ def load_catalog(
         roots = [project_root / ".orch", project_root / ".claude"] if project_root else []
         return [*extra, *(r / kind for r in roots), home / ".orch" / kind]
 
-    cat = Catalog(root=project_root)
-    cat.agents = _load_dirs("agents", search("agents", agents_dirs), load_agent_file, cat.errors)
-    cat.skills = _load_dirs("skills", search("skills", skills_dirs), load_skill_file, cat.errors)
+    owners = Owners.for_trust(project_root, trust, hidden)
+    cat = Catalog(root=project_root, owners=owners)
+    cat.agents = _load_dirs(
+        "agents", search("agents", agents_dirs), parse_agent, cat.errors, owners
+    )
+    cat.skills = _load_dirs(
+        "skills", search("skills", skills_dirs), parse_skill, cat.errors, owners
+    )
     from ..mcpclient.declared import load_declared
 
     cat.mcp = load_declared(project_root, home)

@@ -5,19 +5,23 @@ own ``mcpServers``, the project's ``.mcp.json`` or ``~/.orch/mcp.json``. Where i
 ``start`` is asked, the server is started to list its tools, as a run would start it:
 under bubblewrap (no network, the environment whitelist, secrets hidden), with the project
 read-only and a short timeout, then stopped; a tool the agent names that it does not list
-is reported. A server that cannot be started so is reported as not checked.
+is reported. A server that cannot be started so is reported as not checked. The user's server
+(``~/.orch/mcp.json``, a user's agent's own) named by a repository's agent (``owner.py``) is
+reported as never offered to it, and not started; one named by the user's agent starts only
+from a program outside the project (``policy/mcpcommand.py``), as in a run.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ..config import Settings
 from ..mcpclient.declared import Declared, ServerDecl
 from ..mcpclient.names import parts, servers
+from ..policy.mcpcommand import users_server, workspace_roots
 from ..workspaces.base import WorkspaceSpec
 from ..workspaces.piped import Piped
 from ..workspaces.spare import Shell
@@ -66,6 +70,8 @@ async def listed_tools(
 
     cfg = settings.mcp.model_copy(update={"start_timeout_s": CHECK_TIMEOUT_S})
     starter = _ReadOnly(root, settings)
+    env = dict(os.environ)
+    roots = workspace_roots(root)
     try:
         async with open_servers(
             [name],
@@ -73,8 +79,9 @@ async def listed_tools(
             grants=[f"mcp__{name}"],
             deny=[],
             runtime=starter,
-            env=dict(os.environ),
+            env=env,
             cfg=cfg,
+            prepare=lambda d: users_server(d, roots, env),
         ) as opened:
             tools = [t.remote for t, _ in opened.tools]
             return (None, opened.notes[0]) if opened.notes and not tools else (tools, "")
@@ -89,8 +96,10 @@ async def mcp_warnings(
     settings: Settings,
     *,
     start: bool,
+    theirs: Collection[str] = (),
 ) -> dict[str, list[str]]:
-    """Per agent name: what is wrong with the MCP servers and tools it names."""
+    """Per agent name: what is wrong with the MCP servers and tools it names (``theirs``:
+    the names of the repository's agents)."""
     found: dict[str, list[str]] = {}
     asked: dict[str, tuple[list[str] | None, str]] = {}
     for d in agents:
@@ -99,9 +108,18 @@ async def mcp_warnings(
         if names:
             mine += [f"MCP declarations: {e}" for e in declared.errors]
         for server in names:
-            decl = d.mcp_servers.get(server) or declared.servers.get(server)
+            own = d.mcp_servers.get(server)
+            if own is not None:  # its own declaration: the user's unless the agent is not
+                own = own.model_copy(update={"user": d.name not in theirs})
+            decl = own or declared.servers.get(server)
             if decl is None:
                 mine.append(f"MCP server {server!r} is not declared {WHERE}")
+                continue
+            if decl.user and d.name in theirs:
+                mine.append(
+                    f"MCP server {server!r} is the user's ({decl.source or '~/.orch/mcp.json'}): "
+                    "never offered to a repository's agent, nor to any run below one"
+                )
                 continue
             if not tools.get(server) or not start or root is None:
                 continue

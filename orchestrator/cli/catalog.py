@@ -44,7 +44,9 @@ def open_catalog(agents_dirs: list[Path] | None = None, workdir: Path | None = N
     configured = [root / Path(d).expanduser() for d in settings.agents_dirs]
     from ..catalog.definitions import load_catalog
 
-    return guard(trust, load_catalog(root, agents_dirs=[*(agents_dirs or []), *configured]))
+    dirs = [*(agents_dirs or []), *configured]
+    found = load_catalog(root, agents_dirs=dirs, trust=trust, hidden=settings.sandbox.hidden)
+    return guard(trust, found)
 
 
 def _report_errors(catalog: Catalog) -> None:
@@ -211,6 +213,7 @@ def _check_mcp(reports: list[ValidationReport], start: bool, workdir: Path | Non
 
     from ..catalog.definitions import load_agent_file
     from ..catalog.mcpcheck import mcp_warnings, named
+    from ..catalog.owner import Owners
     from ..mcpclient.declared import load_declared
 
     loaded = [
@@ -220,9 +223,17 @@ def _check_mcp(reports: list[ValidationReport], start: bool, workdir: Path | Non
     if not agents:  # no agent names a server: no project is read
         return
     root = root_of(workdir)
-    settings, _ = load_trusted(root)
+    settings, trust = load_trusted(root)
     declared = load_declared(root, Path.home())
-    found = asyncio.run(mcp_warnings(list(agents.values()), declared, root, settings, start=start))
+    owners = Owners.for_trust(root, trust, settings.sandbox.hidden)
+    theirs = {
+        d.name
+        for path, d in agents.items()
+        if owners.inside(path) or owners.repository_dir(Path(path).parent)
+    }
+    found = asyncio.run(
+        mcp_warnings(list(agents.values()), declared, root, settings, start=start, theirs=theirs)
+    )
     for r in reports:
         if r.path in agents:
             r.warnings += found.get(agents[r.path].name, [])

@@ -74,7 +74,10 @@ def _catalog(project: Project, agents_dir: list[Path]) -> tuple[Catalog, ToolReg
     from ..tools.delegate import delegation_tools
 
     dirs = agents_dirs(project.root, project.settings, agents_dir)
-    catalog = guard(project.trust, load_catalog(project.root, agents_dirs=dirs))
+    found = load_catalog(
+        project.root, agents_dirs=dirs, trust=project.trust, hidden=project.settings.sandbox.hidden
+    )
+    catalog = guard(project.trust, found)
     return catalog, ToolRegistry([*builtin_tools(), *delegation_tools()])
 
 

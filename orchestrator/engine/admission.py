@@ -17,7 +17,7 @@ from ..catalog.definitions import AgentDefinition, Catalog
 from ..catalog.guidance import ALIASES, resolve_agent
 from ..config import Settings
 from ..errors import OrchError
-from ..mcpclient.names import DENY, is_mcp, with_denies
+from ..mcpclient.names import with_denies
 from ..models import ModelProvider
 from ..policy.checks import child_tools
 from ..run import RunRecord, first_line, new_chain_id, new_run_id
@@ -76,7 +76,7 @@ class Admission:
         granted = self.tools.granted()  # never from a definition, only a driver's grant
         requested = [t for t in definition.allowed_tools(self.tools.names()) if t not in granted]
         requested += [t for t in dict.fromkeys(spec.grants) if t in granted]
-        own_denies = [DENY + t for t in definition.disallowed_tools if is_mcp(t)]
+        own_denies = self.catalog.denies(definition)  # a repository agent: no user server
         if resumed is not None and parent is None:  # a root goes on in its own chain
             chain_id, depth, max_depth = resumed.chain_id, resumed.depth, resumed.max_depth
             allowed = with_denies(requested, own_denies)

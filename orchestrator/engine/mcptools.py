@@ -6,6 +6,12 @@ a child's already narrowed to its parent's at admission) name the servers to sta
 agent's own ``mcpServers`` declarations come before the project's. A run with no server
 named starts nothing and imports nothing of the SDK. What was not offered, and why, is the
 run's ``mcp`` event (``orch logs``).
+
+The user's servers (``~/.orch/mcp.json``, and a user's agent's own ``mcpServers``: their env
+may hold the user's secrets) belong to the chain, not to a name: a repository's agent
+(``catalog/owner.py``) is never offered one, nor is any run below it, whichever agent that
+is (its allowed_tools keep ``names.NO_USERS``, set at admission). Where one is offered, it
+starts only from a program outside every workspace (``policy/mcpcommand.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from dataclasses import dataclass
 
 from ..catalog.definitions import AgentDefinition, Catalog
 from ..config import Settings
-from ..mcpclient.names import DENY, denies, is_mcp, servers
+from ..mcpclient.declared import ServerDecl
+from ..mcpclient.names import DENY, NO_USERS, denies, is_mcp, servers
+from ..policy.mcpcommand import users_server, workspace_roots
 from ..run import RunRecord
 from ..store import RunStore
 from ..tools.base import Tool, ToolRegistry
@@ -63,10 +71,22 @@ async def run_tools(
     from ..tools.mcptool import McpTool
 
     decls = {**catalog.mcp.servers} if catalog.mcp is not None else {}
-    if catalog.from_repository(definition):  # the user's servers (their env may hold the
-        decls = {n: d for n, d in decls.items() if not d.user}  # user's secrets): not for it
-    decls.update({n: d for n, d in definition.mcp_servers.items() if d is not None})
+    theirs = catalog.from_repository(definition)
+    for name, decl in definition.mcp_servers.items():  # its own: the user's, or the repo's
+        if isinstance(decl, ServerDecl):
+            decls[name] = decl.model_copy(update={"user": not theirs})
+    notes: list[str] = []
+    if theirs or NO_USERS in record.allowed_tools:  # below a repository's agent
+        notes = [f"MCP server {n!r} is the user's: {_NOT_BELOW}" for n in named if _users(decls, n)]
+        decls = {n: d for n, d in decls.items() if not d.user}
+        named = [n for n in named if n in decls]
     deny = denies(record.allowed_tools)  # its own disallowedTools and its ancestors' (admission)
+    roots = workspace_roots(runtime.root, *([catalog.root] if catalog.root else []))
+    container = record.isolation == "container"  # its own filesystem and PATH (the image's)
+
+    def prepare(decl: ServerDecl) -> ServerDecl:
+        return decl if container else users_server(decl, roots, env)
+
     async with open_servers(
         named,
         decls,
@@ -76,11 +96,19 @@ async def run_tools(
         env=env,
         cfg=settings.mcp,
         network=network,
+        prepare=prepare,
     ) as opened:
         mine: list[Tool] = [t for n in tools.names() if (t := tools.get(n)) is not None]
         mine += [McpTool(tool, conn) for tool, conn in opened.tools]
         offered = [tool.name for tool, _ in opened.tools]
-        store.add_event(
-            record.run_id, "mcp", {"servers": named, "tools": offered, "notes": opened.notes}
-        )
+        notes += opened.notes
+        store.add_event(record.run_id, "mcp", {"servers": named, "tools": offered, "notes": notes})
         yield RunTools(ToolRegistry(mine), [*builtin, *offered])
+
+
+_NOT_BELOW = "not offered to a repository's agent, nor to any run below one"
+
+
+def _users(decls: Mapping[str, ServerDecl], name: str) -> bool:
+    found = decls.get(name)
+    return found is not None and found.user

@@ -12,6 +12,10 @@ from __future__ import annotations
 PREFIX = "mcp__"
 EVERY = "mcp__*"  # every MCP tool (an agent with no ``tools`` list)
 DENY = "!"  # ``!mcp__s__t`` in a run's allowed_tools: denied to it and to its descendants
+# in a run's allowed_tools: the user's servers (``~/.orch/mcp.json``, a user's agent's own
+# ``mcpServers``) are offered neither to it nor to any run below it: a repository's agent
+# (``catalog.owner``) and everything it starts. No grant is within it (no server is "@user").
+NO_USERS = f"{DENY}{PREFIX}@user"
 _WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 

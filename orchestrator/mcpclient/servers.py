@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -45,6 +45,10 @@ def clean(text: object, limit: int) -> str:
     person would not see (bidi, zero-width, Unicode tags) written out; capped."""
     out = for_model(_CONTROL.sub("", str(text)))
     return out if len(out) <= limit else out[:limit] + " [cut]"
+
+
+# the user's server, made ready to start (``policy/mcpcommand.py``); OrchError: not started
+Prepare = Callable[[ServerDecl], ServerDecl]
 
 
 class Starter(Protocol):
@@ -182,13 +186,19 @@ async def start_server(
     runtime: Starter,
     env: Mapping[str, str],
     cfg: McpSettings,
+    prepare: Prepare | None = None,
 ) -> tuple[Connection, list[types.Tool]]:
     """Start one server in ``runtime`` (its closing pushed on ``stack``), initialize it and
-    list its tools; OrchError with the one line that says why it did not."""
+    list its tools; OrchError with the one line that says why it did not. The user's server
+    is first made ready by ``prepare`` (none given: it is not started)."""
     if decl.type != "stdio" or decl.command is None:
         raise OrchError(f"a remote ({decl.type}) server; orch starts stdio servers only")
+    if decl.user:
+        if prepare is None:
+            raise OrchError("the user's server has no checked command here; not started")
+        decl = prepare(decl)
     link = Link(name)
-    argv = [decl.command, *decl.args]
+    argv = [decl.command or "", *decl.args]
     if decl.user:  # the user's server starts in the sandbox's private /tmp, not the workspace:
         # `python -m x` or `npx x` must not load the repository's x with the user's env
         argv = ["/bin/sh", "-c", 'cd /tmp && exec "$@"', "mcp-server", *argv]
@@ -260,10 +270,11 @@ async def open_servers(
     env: Mapping[str, str],
     cfg: McpSettings,
     network: bool = False,
+    prepare: Prepare | None = None,
 ) -> AsyncIterator[RunServers]:
     """The servers ``names`` (declared in ``decls``) started for one run, open while the
     ``async with`` lasts; none outlives it (cancel included). A remote one is connected to
-    only when the run's tier has the ``network``."""
+    only when the run's tier has the ``network``; the user's stdio one after ``prepare``."""
     found = RunServers()
     async with AsyncExitStack() as outer:
         for name in names:
@@ -282,7 +293,7 @@ async def open_servers(
             await outer.enter_async_context(inner)
             try:
                 if decl.type == "stdio":
-                    conn, listed = await start_server(inner, name, decl, runtime, env, cfg)
+                    conn, listed = await start_server(inner, name, decl, runtime, env, cfg, prepare)
                 else:
                     conn, listed = await connect_remote(inner, name, decl, cfg)
             except OrchError as e:

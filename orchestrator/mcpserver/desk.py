@@ -117,7 +117,12 @@ class Desk:
         runner gets this one)."""
         if self._catalog is None:
             dirs = agents_dirs(self.project.root, self.project.settings, self.agents_dirs)
-            found = load_catalog(self.project.root, agents_dirs=dirs)
+            found = load_catalog(
+                self.project.root,
+                agents_dirs=dirs,
+                trust=self.project.trust,  # whose each agent is (catalog/owner.py)
+                hidden=self.project.settings.sandbox.hidden,
+            )
             self._catalog = guard(self.project.trust, found)
         return self._catalog
 

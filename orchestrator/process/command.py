@@ -58,7 +58,10 @@ def make_runner(
     not_dumpable()
     if catalog is None:
         catalog = load_catalog(
-            project.root, agents_dirs=all_dirs(project.root, project.settings, agents_dirs)
+            project.root,
+            agents_dirs=all_dirs(project.root, project.settings, agents_dirs),
+            trust=project.trust,  # whose each agent is (catalog/owner.py)
+            hidden=project.settings.sandbox.hidden,
         )
         catalog = guard(project.trust, catalog)  # untrusted agent files: isolation kept
     launch = Launch(

@@ -115,5 +115,6 @@ def recipe(
     settings, trust = load_trusted(root, dict(launch.overrides), cap=TrustCap(launch.trust))
     flags = [Path(p) for p in launch.agents_dirs]
     dirs = agents_dirs(root, settings, flags)
-    catalog = guard(trust, load_catalog(root, agents_dirs=dirs))  # untrusted: isolation kept
+    found = load_catalog(root, agents_dirs=dirs, trust=trust, hidden=settings.sandbox.hidden)
+    catalog = guard(trust, found)  # untrusted: isolation kept
     return Recipe(root, settings, catalog, launch, trust)

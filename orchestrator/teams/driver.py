@@ -86,12 +86,15 @@ class TeamDriver:
         names = runner.tools.names()
         agents = [plan.writer, *plan.reviewers]
         tools = [t for a in agents for t in runner.catalog.agent(a).allowed_tools(names)]
+        members = [runner.catalog.agent(a) for a in [*agents, *([plan.lead] if plan.lead else [])]]
         self.definition = AgentDefinition(
             name="team",
             description="Writers, a test gate and reviewers taking rounds (orch team run).",
             tools=list(dict.fromkeys([*tools, "task"])),
             system_prompt="",
             source="orch team",
+            # a member of the repository's: no member is offered the user's MCP servers
+            repository=any(runner.catalog.from_repository(m) for m in members),
         )
         self.writer_network = runner.catalog.agent(plan.writer).network  # (Crew.spawn: the team's)
 
