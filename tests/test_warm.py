@@ -380,7 +380,8 @@ def _api_key(headers: dict[str, str]) -> str | None:
 def test_the_warm_process_gives_a_caller_nothing_it_lacks(w: Warm) -> None:
     """An unsandboxed agent at the depth limit speaks the warm protocol to the user's warm
     process (started with the API key, outside any chain): its commands run with its own
-    environment: still in its chain (refused past the limit), never with the user's key."""
+    environment, or none: never with the user's key (issue 38: it is refused outright, as
+    its environment is not the warm process's)."""
     attack = w.repo / "attack.py"
 
     def respond(body: dict[str, object]) -> dict[str, object]:
@@ -409,21 +410,15 @@ def test_the_warm_process_gives_a_caller_nothing_it_lacks(w: Warm) -> None:
         seen, in_chain, fresh = lines
         outer_id = json.loads(outer.stdout)["run_id"]
         assert seen == {"key": None, "parent": outer_id, "depth": "0"}, said  # scrubbed
-        # both commands ran in the warm process (forked), with the caller's environment
-        assert in_chain["forked"] and fresh["forked"], said
-        assert in_chain["code"] != 0 and "max_depth is 0" in said, said  # no fresh chain
-        assert fresh["code"] == 0, said
+        # neither ran in the warm process: a caller of another environment than its own
+        # is refused (its digest differs: issue 38), and nothing of the user's reaches it
+        assert in_chain == fresh == {"code": None, "forked": False}, said
         store = open_store(w.repo)
-        runs = {r.prompt: r for r in store.list_runs()}
-        assert set(runs) == {"go", "INNER-B"}, said
-        inner = runs["INNER-B"]
-        assert inner.chain_id != runs["go"].chain_id and inner.depth == 0
+        assert {r.prompt for r in store.list_runs()} == {"go"}, said
         for body, headers in zip(api.requests, api.headers, strict=True):
-            mine = "INNER" in json.dumps(body["messages"][0])
-            assert _api_key(headers) == ("sk-attacker" if mine else "sk-secret")
-            if not mine:
-                assert "task" not in {t["name"] for t in body.get("tools", [])}
-        assert sum("INNER-B" in json.dumps(b["messages"][0]) for b in api.requests) == 1
+            assert "INNER" not in json.dumps(body["messages"][0])
+            assert _api_key(headers) == "sk-secret"
+            assert "task" not in {t["name"] for t in body.get("tools", [])}
         assert w.pids() == [zygote]
 
 

@@ -14,10 +14,13 @@ The lock (``flock``) is held by the living host: a launcher that finds nobody an
 and takes the lock knows no host lives (a socket file left is stale), starts one and
 hands it the lock and its run on the command line; it returns at once, as it did with a
 worker of its own. Racing launchers find the lock taken and wait for the new host to
-answer. A handoff to a running host is one JSON line each way: ``{"run_id": ..., "env":
-...}``, then ``{"ok": true, "pid": ...}`` or ``{"ok": false, "error": ...}``; both ends
-check the other's uid (``SO_PEERCRED``). ``env`` is the launcher's whole environment: the
-host runs every run in its own environment, so it takes only a run whose launcher's
+answer. A handoff to a running host is, once both ends proved themselves (``unixsock``:
+the host first, so nothing reaches a listener planted at the path), one JSON line each
+way: ``{"run_id": ..., "env": ...}``, then ``{"ok": true, "pid": ...}`` or ``{"ok": false,
+"error": ...}``; both ends check the other's uid (``SO_PEERCRED``) and the host refuses a
+peer inside a sandbox before it reads a byte. ``env`` is the digest of the launcher's
+environment under the host's nonce (never a value: no key leaves the launcher): the host
+runs every run in its own environment, so it takes only a run whose launcher's
 environment is exactly its own (the socket's name, a digest anyone may read, grants
 nothing): a launcher without the API key, or with other settings, gets a worker of its
 own (:func:`own_worker`).
@@ -30,9 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,12 +44,22 @@ from ..pgroups import process_start
 from ..project.statedir import entry, open_log
 from ..run import RunRecord
 from ..store import RunStore, state_dir, store_url
-from .inherit import inheritance, key
-from .unixsock import Lines, NotOurs, connect, enabled, line, try_lock
+from .inherit import comparable_env, inheritance, key
+from .unixsock import (
+    Lines,
+    NotOurs,
+    Unproven,
+    connect,
+    enabled,
+    env_digest,
+    line,
+    prove_server,
+    try_lock,
+)
 
 START_TIMEOUT_S = 20.0  # racing launchers wait this long for a starting host to answer
 REPLY_TIMEOUT_S = 30.0  # the host builds the run's engine before it answers
-MAX_LINE = 512 * 1024  # a handoff carries the launcher's environment
+MAX_LINE = 512 * 1024  # an answer line, at most
 
 
 class HostUnavailable(Exception):
@@ -95,7 +108,23 @@ def ask(
     with sock:
         try:
             sock.settimeout(timeout)
-            sock.sendall(line(message))
+            proof, nonce = prove_server(sock)
+        except Unproven as e:
+            raise HostUnavailable(f"{sock_path.name} is not orch's worker host ({e})") from e
+        except ConnectionRefusedError as e:  # refused before any exchange: it says why
+            with contextlib.suppress(ValueError):
+                said = json.loads(str(e))
+                if isinstance(said, dict):
+                    return said
+            raise HostUnavailable(f"the worker host refused: {e}") from e
+        except OSError as e:  # it hung up (leaving) or said nothing
+            raise NoAnswer(f"the worker host did not prove itself: {e}") from e
+        env = message.get("env")
+        if isinstance(env, dict):  # its digest under the host's nonce, never its values
+            pairs = [[str(k), str(v)] for k, v in comparable_env(env).items()]
+            message = {**message, "env": env_digest(nonce, pairs)}
+        try:
+            sock.sendall(proof + line(message))
         except OSError as e:
             raise Unanswered(f"the worker host did not answer: {e}") from e
         reply = Lines(sock, MAX_LINE).next()

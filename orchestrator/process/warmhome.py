@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .inherit import inheritance, key
+from .inherit import VOLATILE_ENV, inheritance, key
 from .unixsock import connect, peer
+
+__all__ = ["VOLATILE_ENV", "idle_seconds", "owner", "warm_dir", "warm_key"]
 
 IDLE_DEFAULT_S = 60.0
 FAILED_FOR_S = 24 * 3600.0  # one that could not start is not tried again for a day

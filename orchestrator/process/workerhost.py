@@ -7,12 +7,14 @@ start time), one :class:`~orchestrator.engine.owner.Supervisor` beats the heartb
 all its runs and obeys ``orch cancel``, and if the host dies, the next command's
 reconcile ends its runs ``interrupted``, as for a worker of its own.
 
-A handoff is refused unless it comes from the same uid (``SO_PEERCRED``), carries the
-launcher's environment, that environment and what else the launcher would pass on (limits,
-groups, umask, ``no_new_privs``..., read from ``/proc``) are the host's own (every run here
-sees the host's: a launcher without the API key, or with tighter limits, gets a worker of
-its own instead), and names a run of this store that is a queued background root still
-owned by the peer that asks (the launcher that just queued it).
+A handoff is refused unless it comes from the same uid (``SO_PEERCRED``) outside every
+sandbox (our namespaces: else refused before a byte is read), both ends proved themselves
+(``unixsock``), it carries the digest of the launcher's environment, that environment
+and what else the launcher would pass on (limits, groups, umask, ``no_new_privs``...,
+read from ``/proc``) are the host's own (every run here sees the host's: a launcher
+without the API key, or with tighter limits, gets a worker of its own instead), and
+names a run of this store that is a queued background root still owned by the peer that
+asks (the launcher that just queued it).
 
 Recipes (``rebuild.py``): runs whose project, launch (model, agent dirs, flags, trust
 cap), settings and catalog are the same share one runner (one model client); a scripted model
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import os
 import signal
@@ -45,7 +48,7 @@ from .detach import MAX_LINE, own_worker, paths
 from .executor import attach
 from .inherit import comparable_env, inherited
 from .rebuild import Recipe, recipe
-from .unixsock import listen, peer, unlink_if_ours
+from .unixsock import Unproven, answer, env_digest, listen, outside_sandboxes, peer, unlink_if_ours
 
 if TYPE_CHECKING:
     from ..engine.runner import Runner
@@ -127,15 +130,30 @@ class WorkerHost:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> dict[str, object] | None:
         pid, uid, _ = peer(writer.get_extra_info("socket"))
-        # read its line first, even to refuse it: closing with it unread would break the
-        # caller's pipe before it could read why
-        async with asyncio.timeout(READ_TIMEOUT_S):
-            line = await reader.readline()
-        if uid != os.getuid():
+        if uid != os.getuid():  # refused before a byte is read, and before we prove anything
             log(f"refused a connection of uid {uid} (pid {pid})")
             return {"ok": False, "error": "another user"}
-        if not line:
+        if not outside_sandboxes(pid):
+            log(f"refused a connection from inside a sandbox (pid {pid})")
+            return {"ok": False, "error": "a process inside a sandbox"}
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            hello = await reader.readline()
+        if not hello:
             return None  # a launcher checking that we answer
+        try:
+            reply, nonce, expected = answer(hello, pid)
+        except Unproven as e:
+            return {"ok": False, "error": str(e)}
+        writer.write(reply)
+        await writer.drain()
+        # read its lines first, even to refuse it: closing with them unread would break the
+        # caller's pipe before it could read why
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            proof = await reader.readline()
+            line = await reader.readline()
+        if not hmac.compare_digest(proof.rstrip(b"\n"), expected.encode()):
+            log(f"refused a connection from pid {pid}: it did not prove itself")
+            return {"ok": False, "error": "the launcher did not prove itself"}
         try:
             msg = json.loads(line)
         except ValueError:
@@ -144,7 +162,8 @@ class WorkerHost:
         run_id, env = (msg.get("run_id"), msg.get("env")) if ok else (None, None)
         if not isinstance(run_id, str) or not 0 < len(run_id) <= 64:
             return {"ok": False, "error": 'expected one line {"run_id": ..., "env": ...}'}
-        if not isinstance(env, dict) or comparable_env(env) != self.env:
+        ours = [[k, v] for k, v in self.env.items()]
+        if not isinstance(env, str) or not hmac.compare_digest(env, env_digest(nonce, ours)):
             log(f"refused {run_id[:64]!r} from pid {pid}: its launcher's environment is not ours")
             return {"ok": False, "error": "the launcher's environment is not this host's"}
         try:
@@ -234,6 +253,12 @@ class WorkerHost:
             if not job.cancelled() and (exc := job.exception()) is not None:
                 log(f"run {run_id} raised {type(exc).__name__}: {exc}")
             final = self.store.get_run(run_id)
+            if final is not None and not final.status.ended:
+                # its job ended but its run did not: ended here, never left queued under a
+                # living host (a cancel would wait on it, reconcile never see it)
+                why = "cancelled" if job.cancelled() else "its job ended without an ending"
+                status = RunStatus.CANCELLED if job.cancelled() else RunStatus.FAILED
+                final = self.store.end(run_id, status, error=why) or final
             log(f"{run_id} ended {final.status.value if final else '?'}")
         except Exception as e:  # one run's trouble never ends the host
             log(f"following {run_id}: {type(e).__name__}: {e}")

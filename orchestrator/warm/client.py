@@ -15,9 +15,18 @@ import sys
 import time
 from typing import Any
 
-from ..process.unixsock import Lines, connect, peer, send, try_lock
+from ..process.unixsock import (
+    Lines,
+    Unproven,
+    connect,
+    env_digest,
+    peer,
+    prove_server,
+    send,
+    try_lock,
+)
 from ..process.unixsock import enabled as processes_enabled
-from ..process.warmhome import FAILED_FOR_S, idle_seconds, warm_dir, warm_key
+from ..process.warmhome import FAILED_FOR_S, VOLATILE_ENV, idle_seconds, warm_dir, warm_key
 
 # what a terminal or a shell sends to the foreground job; the command gets them all
 RELAYED = (
@@ -29,6 +38,7 @@ RELAYED = (
     signal.SIGCONT,
 )
 REPLY_TIMEOUT_S = 15.0  # to the fork; past it the caller says which pid to end
+PROOF_TIMEOUT_S = 5.0  # for the warm process to prove itself (it answers at once)
 MAX_MESSAGE = 256 * 1024
 
 
@@ -39,14 +49,20 @@ def enabled(argv: list[str]) -> bool:
     return idle_seconds() > 0 and not (argv and argv[0].startswith("_"))
 
 
-def environment() -> list[list[str]]:
-    """This process's whole environment as the warm process gets it: the bytes of each
-    name and value, decoded as Latin-1 (so that any byte string survives JSON)."""
-    return [[k.decode("latin-1"), v.decode("latin-1")] for k, v in os.environb.items()]
+def environment() -> tuple[list[list[str]], list[list[str]]]:
+    """This process's environment as the warm process compares it: (the names and values
+    it must hold already, the shell's volatile ones it takes from the caller), each as
+    the bytes of name and value decoded as Latin-1 (any byte string survives JSON). Only
+    the volatile ones are ever sent; the others go as a digest (nothing secret is sent)."""
+    volatile = {name.encode() for name in VOLATILE_ENV}
+    pairs = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in os.environb.items()]
+    kept = [p for p in pairs if p[0].encode("latin-1") not in volatile]
+    return kept, [p for p in pairs if p[0].encode("latin-1") in volatile]
 
 
-def _start(key_: str, lock_fd: int) -> None:
-    """Start a detached warm process that takes over the lock (its life)."""
+def _start(key_: str, lock_fd: int, env: dict[bytes, bytes]) -> None:
+    """Start a detached warm process that takes over the lock (its life), in ``env``: the
+    caller's environment as it was before its command ran (the key names that one)."""
     import subprocess
 
     serve = [sys.executable, "-m", "orchestrator.warm.server"]
@@ -58,14 +74,15 @@ def _start(key_: str, lock_fd: int) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd="/",
+            env=env,
             start_new_session=True,
             close_fds=True,
             pass_fds=(lock_fd,),
         )
 
 
-def _start_then_close(key_: str, lock_fd: int) -> None:
-    _start(key_, lock_fd)
+def _start_then_close(key_: str, lock_fd: int, env: dict[bytes, bytes]) -> None:
+    _start(key_, lock_fd, env)
     os.close(lock_fd)
 
 
@@ -89,7 +106,8 @@ def run(argv: list[str]) -> int | None:
         with contextlib.suppress(OSError):
             fd = try_lock(where / f"{k}.lock")
         if fd is not None:  # none lives: start one for the next command, once this one is
-            atexit.register(_start_then_close, k, fd)  # done (the two would share the CPUs)
+            env = dict(os.environb)  # done (the two would share the CPUs)
+            atexit.register(_start_then_close, k, fd, env)
         return None
     with sock:
         return _Relay(sock).run(argv)
@@ -151,18 +169,39 @@ class _Relay:
             elif self.pidfd >= 0:
                 os.close(self.pidfd)
 
+    def _prove(self) -> tuple[bytes, bytes] | None:
+        """The warm process proves itself before anything is sent (``unixsock``): (our
+        proof line, its nonce), or None (then nothing ran: the caller runs the command)."""
+        try:
+            self.sock.settimeout(PROOF_TIMEOUT_S)
+            return prove_server(self.sock)
+        except Unproven as e:
+            print(
+                f"orch: {e}: the process at the warm socket is not orch's; the command runs "
+                "in its own process (nothing was sent to it)",
+                file=sys.stderr,
+            )
+        except OSError:  # refused (it says why), leaving, or silent: nothing was sent
+            pass
+        return None
+
     def _run(self, argv: list[str], ignored: list[int]) -> int | None:
-        env = environment()
+        proven = self._prove()
+        if proven is None:
+            return None
+        proof, nonce = proven
+        kept, volatile = environment()
         main_package = getattr(sys.modules.get("__main__"), "__package__", None)
         argv0 = sys.argv[0] if sys.argv else "orch"
         message = {
             "argv": argv,
-            "env": env,
+            "env": env_digest(nonce, kept),
+            "volatile": volatile,
             "argv0": argv0,
             "package": main_package,
             "ignored": [int(s) for s in ignored],
         }
-        data = json.dumps(message).encode() + b"\n"
+        data = proof + json.dumps(message).encode() + b"\n"
         if len(data) > MAX_MESSAGE:
             return None
         try:  # the directory's descriptor above 2: never taken for a standard stream

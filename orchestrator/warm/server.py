@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hmac
 import io
 import json
 import os
@@ -30,19 +31,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..process.inherit import inherited
-from ..process.unixsock import listen, peer, send, unlink_if_ours
+from ..process.inherit import VOLATILE_ENV, inherited
+from ..process.unixsock import (
+    Unproven,
+    answer,
+    env_digest,
+    listen,
+    outside_sandboxes,
+    peer,
+    read_line,
+    send,
+    unlink_if_ours,
+)
 from ..process.warmhome import idle_seconds, warm_dir
 from .client import MAX_MESSAGE, RELAYED
 
 ACCEPT_TIMEOUT_S = 2.0  # a caller sends its command right after connecting
-NAMESPACES = ("mnt", "pid", "net", "user")
 
 
 @dataclass(frozen=True)
 class Command:
-    """What a caller asks for: its argv, its whole environment (bytes), and how it was
-    started (``argv[0]`` and ``__main__``'s package: click names the program from them)."""
+    """What a caller asks for: its argv, its environment (bytes: ours, proven equal, with
+    its volatile names), and how it was started (``argv[0]`` and ``__main__``'s package:
+    click names the program from them)."""
 
     argv: list[str]
     env: dict[bytes, bytes]
@@ -57,10 +68,6 @@ PRELOADED = (  # and every model provider's (models.preload_modules)
     "orchestrator.workspaces.registry",
     "orchestrator.process.command",
 )
-
-
-def _namespaces(pid: int | str) -> list[str]:
-    return [os.readlink(f"/proc/{pid}/ns/{ns}") for ns in NAMESPACES]
 
 
 def preload() -> None:
@@ -149,14 +156,23 @@ def _writer(fd: int, like: Any) -> io.TextIOWrapper:
 
 
 class Server:
-    def __init__(self, listener: socket.socket, sock_path: Path, ino: int, lock_fd: int) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        sock_path: Path,
+        ino: int,
+        lock_fd: int,
+        env: dict[bytes, bytes] | None = None,
+    ) -> None:
         self.listener, self.sock_path, self.ino, self.lock_fd = listener, sock_path, ino, lock_fd
+        own = dict(os.environb) if env is None else env  # as we started: what callers share
+        volatile = {name.encode() for name in VOLATILE_ENV}
+        self.env = {k: v for k, v in own.items() if k not in volatile}
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # pid → its caller
         self.buffers: dict[socket.socket, bytes] = {}
         self.last = time.monotonic()
         self.stopped = False
-        self.mine = _namespaces("self")
         self.inherits = inherited("self")  # what a fork passes on besides the environment
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
@@ -212,18 +228,25 @@ class Server:
             _drop(conn, [], "the warm process is leaving")
             return
         refused = None
+        pid = 0
         try:
             pid, uid, _ = peer(conn)
-            if uid != os.getuid() or _namespaces(pid) != self.mine:
+            if uid != os.getuid() or not outside_sandboxes(pid):
                 refused = "refused: not a process of this user outside sandboxes"
             elif inherited(pid) != self.inherits:  # its limits, groups, no_new_privs...
                 refused = "refused: the caller's limits, groups or privileges are not ours"
         except OSError:
             refused = "refused: the caller could not be checked"
-        deadline = time.monotonic() + ACCEPT_TIMEOUT_S  # for the whole message
+        if refused is not None:  # before a byte is read, and before we prove anything
+            _drop(conn, [], refused)
+            return
+        deadline = time.monotonic() + ACCEPT_TIMEOUT_S  # for the whole exchange
         fds: list[int] = []
-        try:  # (what a refused caller sent is dropped: its descriptors closed, unused)
+        try:  # both prove themselves first (``unixsock``); then the command and its fds
             conn.settimeout(ACCEPT_TIMEOUT_S)
+            reply, nonce, expected = answer(read_line(conn), pid)
+            conn.sendall(reply)
+            conn.settimeout(max(0.0, deadline - time.monotonic()) or 0.001)
             data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 4)
             while data and not data.endswith(b"\n") and len(data) < MAX_MESSAGE:
                 conn.settimeout(max(0.0, deadline - time.monotonic()) or 0.001)
@@ -231,13 +254,18 @@ class Server:
                 if not chunk:
                     break
                 data += chunk
+        except Unproven as e:
+            _drop(conn, fds, f"refused: {e}")
+            return
         except OSError:
             _drop(conn, fds)
             return
+        proof, _, data = data.partition(b"\n")
+        if not hmac.compare_digest(proof, expected.encode()):
+            _drop(conn, fds, "refused: the caller did not prove itself")  # (its data unread)
+            return
         try:
-            if refused is not None:
-                raise ValueError(refused)
-            command = self._check(data, fds)
+            command = self._check(data, fds, nonce)
         except (OSError, ValueError) as e:
             _drop(conn, fds, str(e))
             return
@@ -246,18 +274,22 @@ class Server:
             return
         self._fork(conn, fds, command)
 
-    @staticmethod
-    def _check(data: bytes, fds: list[int]) -> Command:
+    def _check(self, data: bytes, fds: list[int], nonce: bytes) -> Command:
         if len(fds) != 4 or not stat.S_ISDIR(os.fstat(fds[0]).st_mode):
             raise ValueError("expected a directory and three standard streams")
         message = json.loads(data) if data.strip() else None
         if not isinstance(message, dict):
             raise ValueError("not a command")
-        argv, pairs = message.get("argv"), message.get("env")
+        argv, digest = message.get("argv"), message.get("env")
         argv0, package = message.get("argv0", "orch"), message.get("package")
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv must be a list of strings")
-        env = _environment(pairs)
+        ours = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in self.env.items()]
+        if not isinstance(digest, str) or not hmac.compare_digest(
+            digest, env_digest(nonce, ours)
+        ):  # its socket's name says it is: a caller of another environment asks elsewhere
+            raise ValueError("refused: the caller's environment is not this warm process's")
+        env = {**self.env, **_environment(message.get("volatile"))}
         if not isinstance(argv0, str) or not (package is None or isinstance(package, str)):
             raise ValueError("argv0 and package must be strings")
         ignored = message.get("ignored", [])
@@ -328,7 +360,8 @@ class Server:
 
 
 def _environment(pairs: object) -> dict[bytes, bytes]:
-    """The caller's environment from its message: [name, value] pairs of Latin-1 strings."""
+    """The caller's volatile names (``PWD``...) from its message: [name, value] pairs of
+    Latin-1 strings; no other name."""
     if not isinstance(pairs, list):
         raise ValueError("the caller's environment is missing")
     env: dict[bytes, bytes] = {}
@@ -343,6 +376,8 @@ def _environment(pairs: object) -> dict[bytes, bytes]:
             raise ValueError("the environment must be Latin-1 decoded bytes") from None
         if not name or b"=" in name or b"\0" in name or b"\0" in value:
             raise ValueError("not an environment variable name or value")
+        if name.decode("latin-1") not in VOLATILE_ENV:
+            raise ValueError(f"{pair[0]!r} is not a name a caller may set here")
         env[name] = value
     return env
 
@@ -374,6 +409,7 @@ def _hung_up(conn: socket.socket) -> bool:
 def serve(key: str, lock_fd: int, path: list[str]) -> None:
     """Run a warm process for ``key`` holding ``lock_fd`` until it has been idle long enough."""
     sys.path[:] = path
+    env = dict(os.environb)  # as started, before any import: what the callers' digest names
     where = warm_dir()
     if where is None:
         return
@@ -400,7 +436,7 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
     sock_path = where / f"{key}.sock"
     listener, ino = listen(sock_path, 64)  # (one left by a dead one goes: we hold the lock)
     try:
-        Server(listener, sock_path, ino, lock_fd).loop()
+        Server(listener, sock_path, ino, lock_fd, env).loop()
     finally:
         unlink_if_ours(sock_path, ino)  # (a later one's socket, after `rm -rf ~/.orch`, stays)
         listener.close()
