@@ -27,7 +27,7 @@ from git.exc import GitCommandError
 from pydantic import BaseModel, Field
 
 from .errors import NotFound, OrchError, UsageError
-from .policy.controlpaths import is_control_path
+from .policy.controlscan import control_paths
 from .project.git import (
     EMPTY_TREE,
     IDENTITY_KEYS,
@@ -194,26 +194,15 @@ def _hooks_dirs(repo: gitpython.Repo, work_tree: Path | None) -> list[str]:
 def _control_changes(
     repo: gitpython.Repo, work_tree: Path | None, base: str, tip: str
 ) -> list[str]:
-    out = repo.git.diff(
-        "--name-only",
-        "-z",
-        "--no-renames",
-        "--no-textconv",
-        "--no-ext-diff",
-        "--ignore-submodules=dirty",
-        base,
-        tip,
-        "--",
-        strip_newline_in_stdout=False,
-    )
-    hooks = _hooks_dirs(repo, work_tree)
-    return [p for p in dict.fromkeys(out.split("\0")) if p and is_control_path(p, hooks)]
+    return control_paths(repo, _hooks_dirs(repo, work_tree), base, tip)
 
 
 def control_changes(repo: Path | RepoPaths, base: str | None, tip: str) -> list[str]:
-    """Control paths (orch.toml, .orch/, .claude/, .git*, .github/, hooks...) that ``tip``
-    changes against ``base`` (None: the empty tree), deletions and both sides of renames
-    included. ``repo``: a directory of the user's repository, or its :class:`RepoPaths`."""
+    """Control paths (any dot-path, CI, agent-client, editor and package-manager
+    configuration, hooks, manifests' install scripts, what control links point at:
+    ``policy/controlscan.py``) that ``tip`` changes against ``base`` (None: the empty tree),
+    deletions, mode changes and both sides of renames included. ``repo``: a directory of the
+    user's repository, or its :class:`RepoPaths`."""
     where = repo if isinstance(repo, RepoPaths) else discover_sync(repo)
     with open_repo(where) as r:
         return _control_changes(r, where.work_tree, base or EMPTY_TREE, tip)

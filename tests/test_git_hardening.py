@@ -393,7 +393,7 @@ def test_worktree_found_through_its_admin_dir(evil: tuple[Path, Plants], tmp_pat
      (".vscode/tasks.json", True), (".devcontainer/devcontainer.json", True),
      (".cursor/mcp.json", True), (".codex/config.toml", True), (".circleci/config.yml", True),
      ("Jenkinsfile", True), ("AGENTS.md", True), ("sub/CLAUDE.md", True),
-     ("docs/agents.md", False), ("src/vscode.py", False)],
+     ("docs/agents.md", True), ("src/vscode.py", False)],
 )  # fmt: skip
 def test_is_control_path(path: str, control: bool) -> None:
     assert is_control_path(path) is control

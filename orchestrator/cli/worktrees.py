@@ -32,8 +32,9 @@ AllowControlOpt = Annotated[
     bool,
     typer.Option(
         "--allow-control-files",
-        help="Also merge changes to control files (orch.toml, .orch/, .claude/, .git*, "
-        ".github/, hooks); without it such a branch is refused.",
+        help="Also merge changes to control files (any dot-file or dot-directory, CI, agent "
+        "rules, MCP, editor and package-manager configuration, hooks); without it such a "
+        "branch is refused.",
     ),
 ]
 
