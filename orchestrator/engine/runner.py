@@ -255,7 +255,14 @@ class Runner:
         job = asyncio.create_task(self._execute(live, driver), name=f"orch-run-{run_id}")
         live.job = job
         job.add_done_callback(lambda _: self.live.pop(run_id, None))
+        job.add_done_callback(lambda done: self._never_started(run_id, done))
         return job
+
+    def _never_started(self, run_id: str, job: asyncio.Task[RunRecord]) -> None:
+        """A job cancelled before its first step never ran ``_execute`` (nor its ``except``):
+        its run, still queued, ends ``cancelled`` here (a run that ended keeps its ending)."""
+        if job.cancelled():
+            self.store.end(run_id, RunStatus.CANCELLED, error="cancelled before it started")
 
     # -- admission: resolve a spec into a stored record ----------------------------------
     async def _admit(self, spec: RunSpec, driver: Driver | None) -> RunRecord:
