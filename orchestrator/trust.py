@@ -63,9 +63,10 @@ weaken one of the user's is left out for the user's own. Everything else of the
 repository's settings applies.
 
 Not gated: ``agents_dirs`` (a repository's list is added after the user's, never instead of
-it: ``config.py``; what its agent files could weaken is checked above), ``sandbox.image``,
-``model`` naming a model of an API, ``worktree_include`` (files of the repository itself):
-they steer what runs inside the sandbox, never what runs outside.
+it: ``config.py``; what its agent files could weaken is checked above; a directory it names
+is the repository's wherever it points, ``Trust.agents_dirs``, ``catalog/owner.py``),
+``sandbox.image``, ``model`` naming a model of an API, ``worktree_include`` (files of the
+repository itself): they steer what runs inside the sandbox, never what runs outside.
 
 ``orch trust`` records the repository (its resolved root) and the SHA-256 of the canonical
 JSON (sorted keys, no spaces, UTF-8) of exactly the gated settings (name → value as validated,

@@ -209,7 +209,7 @@ def found_in(
     if kind == "agents":
         paths = [directory / n for n in names if n.endswith(".md") and not SKIP.match(n)]
     else:
-        paths = [directory / n / "SKILL.md" for n in names]
+        paths = [directory / n / "SKILL.md" for n in names if not n.startswith(".")]
     out: list[tuple[Path, _D]] = []
     for path in (p for p in paths if p.is_file()):
         label = path.stem if kind == "agents" else path.parent.name
