@@ -1,10 +1,12 @@
 """The processes orch starts: each the leader of a session of its own, and how each ends.
 
-- :func:`spawn` starts one (``asyncio.create_subprocess_exec``, a new session) so that a
-  cancel can land at any moment: one that arrives while the process is being made lets
-  the start finish, then stops the process and all it started, and re-raises. (Cancelled
-  there, asyncio kills the leader alone and then waits for its pipes, which whatever the
-  leader started may hold for as long as it runs.)
+- :func:`spawn` starts one (``asyncio.create_subprocess_exec``, a new session) under a
+  subreaper of its own (``reaper.py``: what leaves the command's parent, a ``setsid`` and a
+  double fork, stays below it and ends with it), so that a cancel can land at any moment:
+  one that arrives while the process is being made lets the start finish, then stops the
+  process and all it started, and re-raises. (Cancelled there, asyncio kills the leader
+  alone and then waits for its pipes, which whatever the leader started may hold for as
+  long as it runs.)
 - :func:`kill_tree` kills a group and what its members started outside it. A bwrap
   sandbox is a session of its own, tied to bwrap by a parent-death signal it sets only
   once it runs: bwrap killed before that leaves the sandbox, and its command, running.
@@ -18,30 +20,101 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 RUN_MARK = "ORCH_PARENT_RUN_ID"  # every command of a run gets it (host tiers: by --setenv)
 PIPE_POLL_S = 0.02  # how often a reap looks whether the pipes have closed
 STOP_WAIT_S = 0.2  # how long a kill waits for a process it stopped to be stopped
+OUTPUT_GRACE_S = 0.5  # after a command ends, how long what it left may still write to it
 
 
-async def spawn(*argv: str, **options: Any) -> asyncio.subprocess.Process:
+async def spawn(
+    *argv: str, contain: bool = True, grace_s: float = OUTPUT_GRACE_S, **options: Any
+) -> asyncio.subprocess.Process:
     """``argv`` started in a session of its own (``options`` as for
-    ``asyncio.create_subprocess_exec``). Cancelled while it starts, it stops what it
-    started before it re-raises: nothing outlives the cancel, nothing waits for it."""
-    starting = asyncio.ensure_future(
-        asyncio.create_subprocess_exec(*argv, start_new_session=True, **options)
-    )
+    ``asyncio.create_subprocess_exec``) under a subreaper of its own (``contain``; not a
+    bwrap sandbox, whose PID namespace holds it: :func:`contained`). Cancelled while it
+    starts, it stops what it started before it re-raises: nothing outlives the cancel,
+    nothing waits for it. A program that cannot be found or run raises as
+    ``create_subprocess_exec`` does."""
+    starting = asyncio.ensure_future(_start(argv, contain, grace_s, options))
     try:
         return await asyncio.shield(starting)
     except asyncio.CancelledError:
         await asyncio.shield(_discard(starting))
         raise
+
+
+async def _start(
+    argv: tuple[str, ...], contain: bool, grace_s: float, options: dict[str, Any]
+) -> asyncio.subprocess.Process:
+    if not contain or in_namespace(argv):
+        return await asyncio.create_subprocess_exec(*argv, start_new_session=True, **options)
+    wrapped, fd = contained(argv, options.get("env"), options.get("cwd"), grace_s)
+    fds = (*options.pop("pass_fds", ()), fd)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *wrapped, start_new_session=True, pass_fds=fds, **options
+        )
+    finally:
+        os.close(fd)
+
+
+def in_namespace(argv: Sequence[str]) -> bool:
+    """True for a bwrap sandbox with a PID namespace of its own: when bwrap's child (its
+    PID 1) ends, the kernel kills everything in it; nothing there can leave it."""
+    return bool(argv) and Path(argv[0]).name.startswith("bwrap") and "--unshare-pid" in argv
+
+
+def contained(
+    argv: Sequence[str], env: Mapping[str, str] | None, cwd: object, grace_s: float
+) -> tuple[list[str], int]:
+    """``argv`` under orch's subreaper (``reaper.py``): the argv to start and the
+    descriptor to pass it (the caller closes it once started). The program is found here,
+    as ``create_subprocess_exec`` finds it (``env``'s ``PATH``, ``cwd``), and one that
+    cannot be raises the same error. The command's words go in a memory file, not on
+    the subreaper's command line."""
+    program = _program(argv[0], env, cwd)
+    fd = os.memfd_create("orch-command")  # (made inheritable in the subreaper alone)
+    try:
+        words = [f"{grace_s:g}", program, *argv]
+        os.write(fd, b"\0".join(os.fsencode(w) for w in words))
+    except BaseException:
+        os.close(fd)
+        raise
+    return [sys.executable, "-I", "-S", "-c", _reaper_source(), str(fd)], fd
+
+
+def _program(name: str, env: Mapping[str, str] | None, cwd: object) -> str:
+    """The file ``name`` runs, found as ``subprocess`` finds it; raises its errors."""
+    if os.sep in name:
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d, name) for d in os.get_exec_path(env)]
+    here = os.fspath(cwd) if isinstance(cwd, (str, os.PathLike)) else os.getcwd()
+    denied = None
+    for candidate in candidates:
+        path = os.path.join(here, candidate)  # (an absolute candidate stays as it is)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return os.path.abspath(path)
+            denied = denied or path
+    if denied is not None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+@functools.cache
+def _reaper_source() -> str:
+    return (Path(__file__).parent / "reaper.py").read_text()
 
 
 async def _discard(starting: asyncio.Future[asyncio.subprocess.Process]) -> None:
@@ -91,17 +164,26 @@ def kill_tree(pgid: int) -> None:
     else:  # its members outlived it: found by their group
         todo = [int(p) for p in _pids() if _group(p) == pgid]
     while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        _until_stopped(pid)  # (a fork under way when the stop was sent still completes)
-        for kid in _children(pid):
-            if kid not in seen and _group(kid) not in (pgid, None):
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            _until_stopped(pid)  # (a fork under way when the stop was sent still completes)
+            for kid in _children(pid):
+                if kid not in seen and _group(kid) not in (pgid, None):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(kid, signal.SIGSTOP)
+                    outside.append(kid)
+                todo.append(kid)
+        # a process that exited meanwhile left its children to a subreaper walked before
+        # (``reaper.py``): look again until nothing new is found
+        todo = [kid for pid in seen for kid in _children(pid) if kid not in seen]
+        for kid in todo:
+            if _group(kid) not in (pgid, None):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(kid, signal.SIGSTOP)
                 outside.append(kid)
-            todo.append(kid)
     for pid in outside:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
