@@ -269,7 +269,26 @@ def kill_group_ref(ref: str) -> int:
     leader = process_start(pgid)
     if leader is not None and leader != start:
         return 0  # the id now leads another group
-    return _kill_ours_since(start, lambda pid, fields: int(fields[2]) == pgid)
+    below = 0
+    try:
+        ours = leader is not None and os.stat(f"/proc/{pgid}").st_uid == os.getuid()
+    except OSError:
+        ours = False  # gone meanwhile
+    if ours:  # the subreaper lives: what it adopted, in sessions of their own, is below it
+        below = len(_tree(pgid))
+        kill_tree(pgid)
+    return below + _kill_ours_since(start, lambda pid, fields: int(fields[2]) == pgid)
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and every process below it."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        if (p := todo.pop()) not in found:
+            found.add(p)
+            todo += _children(p)
+    return found
 
 
 def kill_marked(run_id: str, ref: str) -> int:

@@ -235,3 +235,27 @@ def test_the_subreapers_command_line_shows_no_word_of_the_command() -> None:
 
     asyncio.run(main())
     assert none_left(f"sleep {token}")
+
+
+def test_after_a_crash_reconcile_kills_what_a_command_double_forked(tmp_path: Path) -> None:
+    """The owner died with its command running: the registered group's kill (reconcile's)
+    reaches what left the group, below the command's living subreaper."""
+    import asyncio
+
+    from orchestrator.pgroups import group_ref, kill_group_ref, reap, spawn
+
+    escape, pidfile = _escaper(tmp_path)
+    pid = None
+
+    async def main() -> int:
+        proc = await spawn("sh", "-c", f"{escape}; sleep 100", stdout=PIPE)
+        found = await asyncio.to_thread(_escaped, pidfile)
+        assert kill_group_ref(group_ref(proc.pid)) >= 3  # reaper, shell, escapee (at least)
+        await reap(proc)
+        return found
+
+    try:
+        pid = asyncio.run(main())
+        assert gone(pid, 2.0)
+    finally:
+        _kill(pid or (int(pidfile.read_text()) if pidfile.exists() else None))
