@@ -1,19 +1,20 @@
 """The egress proxy: one per orch process, between every run whose network is an
 allow-list and the world.
 
-Each run gets a :class:`Door`: a Unix socket of its own in the proxy's directory (under
-``/tmp``: mode 0700, and every host sandbox has a private ``/tmp``), bound into that run's
-sandbox only, and a random token its bridge (:mod:`.bridge`) says first; the door holds the
-run's :class:`~.rules.Reach` and where its ``egress`` events go. A run reaches no other
-run's door, and what it opens counts against its own caps (``MAX_OPEN``, derived from the
-process's descriptor limit), never another's. After the token comes one request head
-(:mod:`.heads`). The host name is checked against the list, resolved here (``resolve``: the
-system's resolver, in threads of the proxy's own, a few at a time per run; a test gives its
-own), and each address it gives checked again (:meth:`Reach.check_address`); the proxy
-connects to the address it checked, never resolving twice. A refusal is a ``403`` whose
-body is one line saying why. Each request is one ``egress`` event: host, port, allowed or
-not, the reason, the address, bytes each way (a run's first ``MAX_EVENTS``; the rest are
-counted in one last event when its door closes).
+Each run gets a :class:`Door`: a Unix socket of its own in the proxy's directory (in orch's
+private root, ``fs/private.py``: mode 0700, never under ``TMPDIR`` nor ``/tmp``, hidden
+from every sandbox), bound into that run's sandbox only, and a random token its bridge
+(:mod:`.bridge`) says first; the door holds the run's :class:`~.rules.Reach` and where its
+``egress`` events go. A run reaches no other run's door, and what it opens counts against
+its own caps (``MAX_OPEN``, derived from the process's descriptor limit), never another's.
+After the token comes one request head (:mod:`.heads`). The host name is checked against
+the list, resolved here (``resolve``: the system's resolver, in threads of the proxy's own,
+a few at a time per run; a test gives its own), and each address it gives checked again
+(:meth:`Reach.check_address`); the proxy connects to the address it checked, never
+resolving twice. A refusal is a ``403`` whose body is one line saying why. Each request is
+one ``egress`` event: host, port, allowed or not, the reason, the address, bytes each way
+(a run's first ``MAX_EVENTS``; the rest are counted in one last event when its door
+closes).
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ import hmac
 import os
 import resource
 import secrets
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from ..fs import private
 from . import bridge
 from .heads import Refused, Request, parse_head, refusal
 from .rules import Reach, as_address
@@ -127,6 +127,25 @@ class Door:
             self.report(event)
 
 
+def _bound(path: Path) -> socket.socket:
+    """A Unix socket bound at ``path`` (through its directory's descriptor when the path is
+    longer than a socket address may be: a long HOME)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if len(os.fsencode(path)) < 100:
+            sock.bind(str(path))
+        else:
+            fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                sock.bind(f"/proc/self/fd/{fd}/{path.name}")
+            finally:
+                os.close(fd)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class EgressProxy:
     """The proxy (see the module's doc); ``async with`` it, then admit a door per run."""
 
@@ -138,8 +157,9 @@ class EgressProxy:
         self._cap = MAX_OPEN
 
     async def __aenter__(self) -> Self:
-        # under /tmp: every host sandbox has a /tmp of its own, so none sees this
-        self.dir = Path(tempfile.mkdtemp(prefix="orch-egress-", dir="/tmp"))  # 0700
+        # in orch's private root (hidden from every sandbox), never where TMPDIR says: a
+        # TMPDIR in a checkout, or outside /tmp, would show every run's door to every sandbox
+        self.dir = private.temp_dir("egress", "")  # 0700
         raise_files()
         self._cap = open_cap()
         return self
@@ -154,7 +174,7 @@ class EgressProxy:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._dns is not None:
             self._dns.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        private.remove(self.dir)
 
     async def open_door(self, reach: Reach, report: Report) -> Door:
         return await self.admit(Door.new(reach, report))
@@ -163,7 +183,7 @@ class EgressProxy:
         """``door``'s socket, listening from now until ``close_door``."""
         door.socket = self.dir / f"{secrets.token_hex(8)}.sock"
         door.server = await asyncio.start_unix_server(
-            functools.partial(self._serve, door), path=str(door.socket), limit=HEAD_MAX
+            functools.partial(self._serve, door), sock=_bound(door.socket), limit=HEAD_MAX
         )
         os.chmod(door.socket, 0o666)  # a container's user connects to the mounted socket
         self._doors.add(door)

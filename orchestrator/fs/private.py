@@ -1,13 +1,14 @@
 """orch's private root: where the paths that steer orch live, never where the environment
 (``TMPDIR``) or a workspace puts them.
 
-``~/.orch/run`` (mode 0700, ours, no symlink on the way from ``~/.orch``): the key its
+``~/.orch/run`` (mode 0700, ours; ``run`` no symlink): the key its
 sockets prove themselves with (``socket.key``), the dashboard's opener pages, the egress
 proxy's doors and the container tier's bundles. Hidden in every sandbox: ``~/.orch`` is
 covered in every host sandbox (``bwrap.profile.HOME_SECRETS``, and any path component named
 ``.orch`` inside a workspace), and a container sees no host path but the one door socket
-bound in. A root that lies in (or passes through, by a symlink) a workspace of the
-current project is refused (:func:`refusal`, the hook guard's ``passes_through`` rule).
+bound in; ``workspaces.hiding.private_paths`` names it to every host sandbox explicitly
+(whatever ``HOME`` a command is given). A directory on the way that is a symlink, or not
+ours alone, is refused.
 
 Standard library only: the ``orch`` entry point reads the key before anything else loads.
 """
@@ -40,17 +41,23 @@ def _home() -> Path:
     return Path(home)
 
 
-def _own_dir(path: Path) -> None:
-    """``path`` a directory of ours alone (made 0700 if missing; a symlink is refused)."""
+def _own_dir(path: Path, *, link_ok: bool = False) -> None:
+    """``path`` a directory of ours alone (made 0700 if missing); a symlink is refused
+    (``link_ok``: followed, to a directory of ours alone: a user's ``~/.orch`` may be one)."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    st = os.lstat(path)
+    st = os.stat(path) if link_ok else os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise NoPrivateRoot(f"{path} is not a directory: remove it and run again")
     if st.st_uid != os.getuid():
         raise NoPrivateRoot(f"{path} belongs to uid {st.st_uid}: remove it and run again")
     if st.st_mode & 0o077:
-        os.chmod(path, 0o700, follow_symlinks=False)
+        os.chmod(path, 0o700)
+
+
+def expected_root() -> Path:
+    """Where the private root is (made or not)."""
+    return _home() / ROOT
 
 
 def private_root() -> Path:
@@ -58,7 +65,7 @@ def private_root() -> Path:
     home = _home()
     root = home / ROOT
     try:
-        _own_dir(root.parent)
+        _own_dir(root.parent, link_ok=True)
         _own_dir(root)
     except NoPrivateRoot:
         raise
@@ -90,20 +97,6 @@ def temp_dir(name: str, prefix: str) -> Path:
 
 def remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def refusal(path: Path, workspace: Path) -> str | None:
-    """Why ``path`` may not hold a private file of a run in ``workspace`` (it lies in, or
-    passes through, a directory an agent may write), or None."""
-    from ..policy.hookguard import passes_through, workspaces
-
-    where = passes_through(str(path), workspaces(workspace), Path("/"))
-    if where is None:
-        return None
-    return (
-        f"{path} is in or passes through {where}, which an agent can write; set HOME to a "
-        "directory outside every checkout"
-    )
 
 
 def socket_key() -> bytes:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from ..errors import OrchError
+from ..fs.private import NoPrivateRoot
 from ..pgroups import process_start
 from ..project.statedir import entry, open_log
 from ..run import RunRecord
@@ -111,6 +112,8 @@ def ask(
             proof, nonce = prove_server(sock)
         except Unproven as e:
             raise HostUnavailable(f"{sock_path.name} is not orch's worker host ({e})") from e
+        except NoPrivateRoot as e:
+            raise HostUnavailable(str(e)) from e
         except ConnectionRefusedError as e:  # refused before any exchange: it says why
             with contextlib.suppress(ValueError):
                 said = json.loads(str(e))

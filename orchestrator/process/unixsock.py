@@ -17,7 +17,7 @@ the predictable path got a caller's environment, API key included, and its termi
 3. the client's first line is ``MAC(key, "client", NONCE_S, its pid)``, checked by the
    server against its peer's pid before it reads on.
 
-The key is the user's (``process/private.py``: ``~/.orch/run/socket.key``, hidden from
+The key is the user's (``fs/private.py``: ``~/.orch/run/socket.key``, hidden from
 every sandbox). A server also refuses, before it reads a byte, a peer in other namespaces
 than its own (:func:`outside_sandboxes`): a process inside a sandbox that could reach the
 socket anyway. Nothing secret is ever sent: an environment is compared by its digest
@@ -94,7 +94,7 @@ def outside_sandboxes(pid: int) -> bool:
 
 
 def _mac(role: bytes, nonce: bytes, pid: int) -> str:
-    from .private import socket_key
+    from ..fs.private import socket_key
 
     text = role + b"\0" + nonce + b"\0" + str(pid).encode()
     return hmac.new(socket_key(), text, hashlib.sha256).hexdigest()
@@ -161,6 +161,9 @@ def prove_server(sock: socket.socket) -> tuple[bytes, bytes]:
     (the proof line to send first, the server's nonce). :class:`Unproven` when the server
     did not prove itself; a server's JSON line (a refusal) raises ``ConnectionRefusedError``
     with it; nothing but the hello has been sent."""
+    from ..fs.private import socket_key
+
+    socket_key()  # (NoPrivateRoot, an OSError, before anything is sent)
     line, mine = hello()
     sock.sendall(line)
     got = read_line(sock, MAX_REFUSAL)

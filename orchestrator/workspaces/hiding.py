@@ -10,6 +10,9 @@ The list, for one workspace (:func:`hidden_rels`):
 - every path component named ``.orch``: orch's state directory (the store, logs,
   worktrees) of this project or of any project nested in it;
 - the state directory itself (``$ORCH_HOME``) when it lies inside the workspace;
+- orch's private root (``fs/private.py``: its sockets' key, the egress proxy's doors, the
+  dashboard's opener pages), wherever ``HOME`` puts it (:func:`private_paths`: every host
+  sandbox covers it too);
 - the hidden secret paths (``~/.ssh``, … and ``sandbox.hidden``) that lie inside the
   workspace, or inside the tree it mirrors (a worktree is a checkout of the user's tree,
   a container a clone of it): ``/repo/secrets.env`` is hidden as ``secrets.env`` in every
@@ -30,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..bwrap.profile import default_hidden
+from ..fs import private
 from ..fs.realpath import resolved_lax
 from .base import WorkspaceSpec
 
@@ -118,10 +122,20 @@ def hidden_within(
                 rels.add(norm)
     if state_dir:
         absolute.append(Path(state_dir))
+    absolute += private_paths()
     roots = [_candidates(m) for m in mirrors]
     for path in default_hidden(home, *absolute):
         rels |= _within(path, roots)
     return tuple(sorted(rels))
+
+
+def private_paths() -> tuple[Path, ...]:
+    """orch's private root, made (a sandbox covers only what exists when it starts): what
+    no sandbox of any tier may see (a container sees no host path at all)."""
+    try:
+        return (private.private_root(),)
+    except OSError:
+        return (private.expected_root(),)
 
 
 def mirrored(root: Path) -> list[Path]:

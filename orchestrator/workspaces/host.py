@@ -39,7 +39,7 @@ from ..bwrap.profile import (
 from ..errors import OrchError
 from ..fs.safefs import Beneath, UnsafePath
 from .base import FileRead, ProcessResult, WorkspaceSpec
-from .hiding import hidden_reason
+from .hiding import hidden_reason, private_paths
 from .piped import Piped
 from .saved import BwrapUsed
 
@@ -110,6 +110,7 @@ def confined(
         hidden.append(spec.state_dir)
     hidden += hidden_within
     hidden += spec.store_paths  # every store it reaches
+    hidden += private_paths()  # orch's private root (sockets' key, egress doors): issue 38
     # ~/.orch (the warm process's socket, user config) is hidden; a path that does not
     # exist cannot be, and would show once made during the command: make it now
     with contextlib.suppress(OSError):
