@@ -88,3 +88,68 @@ def test_git_needs_no_private_directory() -> None:
     }
     assert forced["core.hooksPath"] == "/dev/null"
     assert env["HOME"] == "/dev/null"
+
+
+# -- break 10: the dashboard's opener page -------------------------------------------------
+
+
+def test_break10_a_sandboxed_agent_cannot_read_the_opener_and_its_code_is_single_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TMPDIR outside /tmp (the sandbox sees it through the read-only root), an agent
+    read the token from the opener page and read another run's prompt through the API.
+    Now the page is in orch's private root (hidden), holds a one-time code, not the token,
+    and is gone once a browser used it; a second use is refused (real server, Chromium)."""
+    import urllib.error
+    import urllib.request
+
+    from tests.test_dashboard import chromium, serving
+
+    repo = init_repo(tmp_path / "proj", {"README.md": "# the user's\n"})
+    outside = Path(tempfile.mkdtemp(prefix="orch-test-", dir="/var/tmp"))
+    monkeypatch.setenv("TMPDIR", str(outside))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    try:
+        with serving(repo) as served:
+            opener = served.opener()
+            page = opener.read_text()
+            assert served.token not in page and "code=" in page
+            from orchestrator.fs.private import private_root
+
+            assert not opener.is_relative_to(outside) and opener.is_relative_to(private_root())
+            assert (opener.stat().st_mode & 0o777) == 0o600
+            # an agent's bash (shared tier, network "host") looks for it where TMPDIR and
+            # the private root are: nothing to read
+            look = f"cat {opener} 2>&1; ls -A {outside} {opener.parent} 2>&1; true"
+            h = harness(repo, {"conversations": [{"turns": [
+                {"tool_calls": [bash(look)]}, {"text": "ok"}]}]}, network="host")  # fmt: skip
+            root = h.run(isolation="shared")
+            assert root.status == RunStatus.SUCCEEDED, root.error
+            from tests.support import tool_results
+
+            [said] = [r["content"] for r in tool_results(h.requests_of(root.run_id)[1])]
+            assert "code=" not in said and "orch-dashboard" not in said, said
+            # the browser opens it: one session; the page goes
+            sync_api = pytest.importorskip("playwright.sync_api")
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+                try:
+                    tab = browser.new_page()
+                    tab.goto(opener.as_uri())
+                    tab.wait_for_url(f"http://127.0.0.1:{served.port}/", timeout=15000)
+                    assert tab.locator("body").count() == 1
+                finally:
+                    browser.close()
+            assert not opener.exists()
+            code = page.split("code=", 1)[1].split('"', 1)[0].split("&", 1)[0]
+            again = urllib.request.Request(
+                f"http://127.0.0.1:{served.port}/?code={code}",
+                headers={"Host": f"127.0.0.1:{served.port}"},
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(again, timeout=10)
+            assert refused.value.code == 403
+    finally:
+        import shutil
+
+        shutil.rmtree(outside, ignore_errors=True)

@@ -30,9 +30,13 @@ def dashboard(
     out.print(served.url, soft_wrap=True)
     err.print("orch: dashboard running; Ctrl-C stops it (the URL holds its token)")
     opener = None
-    if not no_open:  # through a file of the user's: the token is in no command line
-        opener = served.opener()
-        webbrowser.open(opener.as_uri())
+    if not no_open:  # through a page of the user's with a one-time code: no token in a file
+        try:
+            opener = served.opener()
+        except OSError as e:
+            err.print(f"orch: no browser opened ({e}); open the URL above yourself")
+        else:
+            webbrowser.open(opener.as_uri())
     try:
         served.run()
     except KeyboardInterrupt:

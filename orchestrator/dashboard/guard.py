@@ -5,7 +5,9 @@ The dashboard answers only on loopback, and only to a request that
 - names it in its ``Host`` header (``127.0.0.1:PORT``, ``localhost:PORT``, ``[::1]:PORT``):
   a page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding)
   sends its own name, and is refused (403);
-- carries the token: ``?token=`` (the URL ``orch dashboard`` prints) opens a session, an
+- carries the token: ``?token=`` (the URL ``orch dashboard`` prints), or a one-time code
+  (``?code=``, the page ``orch dashboard`` opens the browser on: redeemed once, within
+  ``CODE_TTL_S``, then refused, and the page removed) opens a session, an
   HttpOnly, SameSite=Strict cookie named with the port, holding a random session id, not
   the token (cookies ignore ports: another server on 127.0.0.1 the browser visits is sent
   it), and the token leaves the address bar; then the cookie, or ``Authorization:
@@ -22,6 +24,8 @@ import hmac
 import json
 import re
 import secrets
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,6 +36,7 @@ COOKIE = "orch_dashboard"  # and the port: two dashboards keep a cookie each
 ENTRY_TARGET = re.compile(r"/(run/[A-Za-z0-9_-]{1,64})?")  # where the entry may send the browser
 CSRF_HEADER = b"x-orch-csrf"
 SAFE_METHODS = ("GET", "HEAD")
+CODE_TTL_S = 120.0  # a browser opens the page at once
 
 
 def csrf_for(token: str) -> str:
@@ -55,6 +60,23 @@ class Guard:
         # a browser's cookie holds a session of its own, never the token: what another
         # server on 127.0.0.1 may be sent (cookies ignore ports) is not the printed URL's key
         self.sessions: set[str] = set()
+        # one-time codes (a secret handed to a browser through a file is single-use)
+        self.codes: dict[str, tuple[float, Callable[[], None]]] = {}
+
+    def one_time_code(self, redeemed: Callable[[], None] = lambda: None) -> str:
+        """A code that opens one session, once, within ``CODE_TTL_S``; ``redeemed`` runs
+        when it is used (the opener page goes)."""
+        code = secrets.token_urlsafe(32)
+        self.codes[code] = (time.monotonic() + CODE_TTL_S, redeemed)
+        return code
+
+    def _redeem(self, given: str) -> bool:
+        for code, (until, redeemed) in list(self.codes.items()):
+            if same(given, code):
+                del self.codes[code]
+                redeemed()
+                return time.monotonic() < until
+        return False
 
     def allow_port(self, port: int, host: str = "127.0.0.1") -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -83,6 +105,17 @@ class Guard:
             await refuse(send, 403, "unknown Host header: open the URL orch dashboard printed")
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        given_code = (query.get("code") or [None])[0]
+        if given_code is not None:
+            if not self._redeem(given_code):
+                await refuse(
+                    send,
+                    403,
+                    "this link was used already (or is old): open the URL orch dashboard printed",
+                )
+                return
+            await self._enter(send, scope.get("path", "/"))
+            return
         given_query = (query.get("token") or [None])[0]
         if given_query is not None:
             if not same(given_query, self.token):

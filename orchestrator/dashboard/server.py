@@ -12,12 +12,12 @@ import ipaddress
 import os
 import secrets
 import socket
-import tempfile
 from pathlib import Path
 
 import uvicorn
 
 from ..errors import UsageError
+from ..fs import private
 from ..store import RunStore
 from .app import Dashboard
 
@@ -88,14 +88,21 @@ class Served:
         asyncio.run(self.serve())
 
     def opener(self) -> Path:
-        """A page of the user's own (mode 0600) that sends the browser to the URL: the
-        browser is opened on it, so the token is in no process's command line."""
-        fd, name = tempfile.mkstemp(prefix="orch-dashboard-", suffix=".html")
+        """A page of the user's own (mode 0600, in orch's private root: hidden from every
+        sandbox, never under ``TMPDIR``) that sends the browser to the dashboard with a
+        one-time code, not the token: the token is in no process's command line and in no
+        file, and the code opens one session, once (the page is removed when it is used)."""
+        where = private.private_dir("dashboard")
+        path = where / f"open-{secrets.token_hex(8)}.html"
+        code = self.app.guard.one_time_code(lambda: path.unlink(missing_ok=True))
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        url = f"http://{shown}:{self.port}/?code={code}"
         page = (
             '<!doctype html><meta charset="utf-8"><meta name="referrer" content="no-referrer">'
-            f'<meta http-equiv="refresh" content="0;url={html.escape(self.url)}">'
-            f'<p><a href="{html.escape(self.url)}">Open the orch dashboard</a></p>'
+            f'<meta http-equiv="refresh" content="0;url={html.escape(url)}">'
+            f'<p><a href="{html.escape(url)}">Open the orch dashboard</a></p>'
         )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(page)
-        return Path(name)
+        return path
