@@ -149,7 +149,36 @@ def test_break10_a_sandboxed_agent_cannot_read_the_opener_and_its_code_is_single
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(again, timeout=10)
             assert refused.value.code == 403
+            refused.value.close()
     finally:
         import shutil
 
         shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_variant_no_private_dir_of_orch_lands_in_an_agent_writable_tmpdir(
+    tmpdir_in_checkout: tuple[Path, Path],
+) -> None:
+    """Another private directory: the egress proxy's doors (an allow-list run) and the
+    container tier's bundle staging, with TMPDIR inside the checkout: none is made there,
+    and the agent (which writes the checkout) sees nothing of orch's."""
+    from orchestrator.fs.private import private_root
+    from orchestrator.workspaces.container.transfer import Staging
+    from tests.support import tool_results
+
+    repo, _ = tmpdir_in_checkout
+    look = "ls -A tmp; ls -AR ~/.orch/run 2>&1; true"
+    h = harness(repo, {"conversations": [{"turns": [
+        {"tool_calls": [bash(look)]}, {"text": "ok"}]}]},
+        network={"allow": ["pkgs.example.org"]})  # fmt: skip
+    root = h.run(isolation="shared")
+    assert root.status == RunStatus.SUCCEEDED, root.error
+    [said] = [r["content"] for r in tool_results(h.requests_of(root.run_id)[1])]
+    assert "egress" not in said and ".sock" not in said and "key" not in said, said
+    staging = Staging()
+    try:
+        assert staging.dir.is_relative_to(private_root())
+        assert (staging.dir.stat().st_mode & 0o777) == 0o700
+    finally:
+        staging.remove()
+    assert [p.name for p in (repo / "tmp").iterdir()] == []

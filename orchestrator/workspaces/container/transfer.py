@@ -26,11 +26,11 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import OrchError
+from ...fs import private
 from ...project.git import RepoPaths, first_line, git
 
 _SHA = re.compile(r"^[0-9a-f]{40,64}$")
@@ -98,9 +98,11 @@ def ahead_of(stderr: bytes) -> int | None:
 
 @dataclass
 class Staging:
-    """A host-owned temp directory (0700) for one run's bundles and archive."""
+    """A host-owned temp directory (0700) for one run's bundles and archive: in orch's
+    private root (``fs/private.py``), never under ``TMPDIR`` (a checkout's, maybe: an agent
+    would swap the bundle a host git fetches)."""
 
-    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="orch-bundle-")))
+    dir: Path = field(default_factory=lambda: private.temp_dir("bundles", "run-"))
 
     def path(self, name: str) -> Path:
         return self.dir / name
@@ -120,7 +122,7 @@ BUNDLE_CACHE = 16
 
 def _cache_dir() -> Path:
     if not _CACHE_DIR:
-        made = Path(tempfile.mkdtemp(prefix="orch-bundles-"))
+        made = private.temp_dir("bundles", "base-")
         atexit.register(shutil.rmtree, made, True)
         _CACHE_DIR.append(made)
     return _CACHE_DIR[0]
