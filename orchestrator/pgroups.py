@@ -71,7 +71,12 @@ async def _start(
 def in_namespace(argv: Sequence[str]) -> bool:
     """True for a bwrap sandbox with a PID namespace of its own: when bwrap's child (its
     PID 1) ends, the kernel kills everything in it; nothing there can leave it."""
-    return bool(argv) and Path(argv[0]).name.startswith("bwrap") and "--unshare-pid" in argv
+    words = list(argv)
+    if words and Path(words[0]).name == "env":  # ``env -i bwrap ...`` (``bwrap.profile``)
+        words = words[1:]
+        while words and (words[0].startswith("-") or "=" in words[0]):
+            words = words[1:]
+    return bool(words) and Path(words[0]).name.startswith("bwrap") and "--unshare-pid" in words
 
 
 def contained(
@@ -82,6 +87,8 @@ def contained(
     as ``create_subprocess_exec`` finds it (``env``'s ``PATH``, ``cwd``), and one that
     cannot be raises the same error. The command's words go in a memory file, not on
     the subreaper's command line."""
+    if any("\0" in word for word in argv):
+        raise ValueError("embedded null byte")  # (as subprocess refuses it)
     program = _program(argv[0], env, cwd)
     fd = os.memfd_create("orch-command")  # (made inheritable in the subreaper alone)
     try:
@@ -269,15 +276,17 @@ def kill_group_ref(ref: str) -> int:
     leader = process_start(pgid)
     if leader is not None and leader != start:
         return 0  # the id now leads another group
-    below = 0
+    below: set[int] = set()
     try:
         ours = leader is not None and os.stat(f"/proc/{pgid}").st_uid == os.getuid()
     except OSError:
         ours = False  # gone meanwhile
     if ours:  # the subreaper lives: what it adopted, in sessions of their own, is below it
-        below = len(_tree(pgid))
+        below = _tree(pgid)
         kill_tree(pgid)
-    return below + _kill_ours_since(start, lambda pid, fields: int(fields[2]) == pgid)
+    return len(below) + _kill_ours_since(
+        start, lambda pid, fields: int(fields[2]) == pgid and int(pid) not in below
+    )
 
 
 def _tree(pid: int) -> set[int]:

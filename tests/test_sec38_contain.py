@@ -259,3 +259,13 @@ def test_after_a_crash_reconcile_kills_what_a_command_double_forked(tmp_path: Pa
         assert gone(pid, 2.0)
     finally:
         _kill(pid or (int(pidfile.read_text()) if pidfile.exists() else None))
+
+
+def test_a_word_with_a_nul_is_refused_and_a_bwrap_sandbox_is_left_to_its_namespace() -> None:
+    from orchestrator.pgroups import in_namespace
+
+    with pytest.raises(ValueError, match="null"):  # never split into two words
+        _run("sh", "-c", "touch cut\x00; touch whole")
+    assert in_namespace(["/usr/bin/env", "-i", "/opt/x/bwrap", "--unshare-pid", "sh"])
+    assert not in_namespace(["/opt/x/bwrap", "--ro-bind", "/", "/", "sh"])  # no PID namespace
+    assert not in_namespace(["sh", "-c", "bwrap --unshare-pid sh"])
