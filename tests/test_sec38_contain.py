@@ -269,3 +269,33 @@ def test_a_word_with_a_nul_is_refused_and_a_bwrap_sandbox_is_left_to_its_namespa
     assert in_namespace(["/usr/bin/env", "-i", "/opt/x/bwrap", "--unshare-pid", "sh"])
     assert not in_namespace(["/opt/x/bwrap", "--ro-bind", "/", "/", "sh"])  # no PID namespace
     assert not in_namespace(["sh", "-c", "bwrap --unshare-pid sh"])
+
+
+def test_what_an_mcp_server_double_forks_ends_with_its_run(tmp_path: Path) -> None:
+    """The MCP channel: a repository's server (always in the OS sandbox on a host tier)
+    that leaves a process behind as it starts; the run ends, so does that process."""
+    from tests.support import init_repo, need_bwrap
+    from tests.test_mcp_client import SERVER, agent, call, plays, results
+
+    need_bwrap()
+    token = _token()
+    start = f"setsid -f sleep {token}; exec python3 tools/probe_server.py"
+    decl = {"command": "sh", "args": ["-c", start]}
+    repo = init_repo(
+        tmp_path / "proj",
+        {
+            "tools/probe_server.py": SERVER.read_text(),
+            ".mcp.json": json.dumps({"mcpServers": {"proj": decl}}),
+            ".claude/agents/prober.md": agent("prober", "mcp__proj"),
+        },
+    )
+    h = harness(repo, {"conversations": [plays("prober", [call("mcp__proj__probe")])]})
+    try:
+        root = h.run(agent="prober")
+        assert root.status == RunStatus.SUCCEEDED, root.error
+        (answer,) = results(h, root)
+        assert not answer.get("is_error"), answer  # the server started (and left its sleeper)
+        assert none_left(f"sleep {token}", 2.0), "a server's leftover outlived its run"
+    finally:
+        for pid in host_pids(f"sleep {token}"):
+            os.kill(pid, signal.SIGKILL)
