@@ -25,11 +25,11 @@ module of orch.
 
 from __future__ import annotations
 
+# ``_signal``: ``signal`` without its enums, which were a third of this process's start
+import _signal as signal  # type: ignore[import-not-found]
 import ctypes
 import errno
 import os
-import resource
-import signal
 import sys
 import time
 
@@ -185,6 +185,8 @@ def _exit_as(status: int) -> None:
     """End this process as the command ended: its exit code, or its signal."""
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
+        import resource
+
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core of ours for its crash
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
