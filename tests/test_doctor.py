@@ -21,7 +21,7 @@ import pytest
 
 from tests.support import gone, init_repo, need_docker, orch, wait_for
 
-NAMES = "python git bwrap docker image api endpoint store trust warm worker-host".split()
+NAMES = "python imports git bwrap docker image api endpoint store trust warm worker-host".split()
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # fast, and no engine call
 
 

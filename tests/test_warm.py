@@ -504,7 +504,8 @@ def test_the_warm_process_sits_above_the_cli() -> None:
     assert "__main__.py" in importers
     client = ast.parse((package / "warm" / "client.py").read_text())
     froms = {n.module for n in ast.walk(client) if isinstance(n, ast.ImportFrom) and n.level}
-    assert froms == {"process.unixsock", "process.warmhome"}
+    # process.interpreter: only as it starts a warm process (the isolated argv), after a command
+    assert froms == {"process.unixsock", "process.warmhome", "process.interpreter"}
 
 
 def test_a_command_killed_by_sigkill_leaves_its_caller_killed_too_without_a_traceback(

@@ -124,7 +124,12 @@ def open_project(
     **overrides: Any,
 ) -> Project:
     """The project of a command (``process/opened.py``), what its trust left out said on
-    stderr unless ``quiet``."""
+    stderr unless ``quiet``; OrchError while orch's interpreter loads code from a place an
+    agent of the project could write (``process/interpreter.py``)."""
+    from ..process.interpreter import refusal  # the door: orch loads nothing an agent wrote
+
+    if (why := refusal(opened.root_of(workdir))) is not None:
+        raise OrchError(why)
     notice = None if quiet else announce_trust
     return opened.open_project(workdir, trust_cap=trust_cap, notice=notice, **overrides)
 

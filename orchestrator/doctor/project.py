@@ -250,3 +250,17 @@ def _worker_host(workdir: Path, settings: Settings) -> Check:
         return Check(name="worker-host", status=Status.OK, detail=detail)
     detail = "none running: the next background run starts one"
     return Check(name="worker-host", status=Status.OK, detail=detail)
+
+
+def check_imports(workdir: Path) -> Check:
+    """orch's interpreter loads nothing an agent of the project could write: the door every
+    command that opens the project passes (``process/interpreter.py``)."""
+    from ..process.interpreter import refusal
+    from ..project.paths import project_root
+
+    why = refusal(project_root(workdir))
+    if why is None:
+        detail = f"orch's Python loads nothing from this project ({sys.prefix})"
+        return Check(name="imports", status=Status.OK, detail=detail, required=True)
+    detail, _, fix = why.rpartition("; ")
+    return Check(name="imports", status=Status.FAIL, detail=detail, fix=fix, required=True)

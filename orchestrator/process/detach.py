@@ -46,6 +46,7 @@ from ..project.statedir import entry, open_log
 from ..run import RunRecord
 from ..store import RunStore, state_dir, store_url
 from .inherit import comparable_env, inheritance, key
+from .interpreter import helper_argv
 from .unixsock import (
     Lines,
     NotOurs,
@@ -142,9 +143,8 @@ def start_host(project_root: Path, state: Path, host: str, lock_fd: int, run_id:
     sock_path, _ = paths(state, host)
     with contextlib.suppress(FileNotFoundError):
         sock_path.unlink()  # left by a dead host: nobody answered on it, nobody holds the lock
-    argv = [sys.executable, "-m", "orchestrator", "_host", "--key", host]
-    argv += ["--lock-fd", str(lock_fd), "--run", run_id, "--launcher", str(os.getpid())]
-    argv += ["-C", str(project_root)]
+    argv = helper_argv("orchestrator", "_host", "--key", host, "--lock-fd", str(lock_fd))
+    argv += ["--run", run_id, "--launcher", str(os.getpid()), "-C", str(project_root)]
     with os.fdopen(open_log(state, "host.log"), "ab") as log:
         proc = subprocess.Popen(
             argv,
@@ -208,7 +208,7 @@ def own_worker(project_root: Path, run_id: str, why: str = "") -> int:
             log.write(f"orch: {why}; this run gets a worker of its own\n".encode())
             log.flush()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "_worker", run_id, "-C", str(project_root)],
+            helper_argv("orchestrator", "_worker", run_id, "-C", str(project_root)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

@@ -65,8 +65,10 @@ def _start(key_: str, lock_fd: int, env: dict[bytes, bytes]) -> None:
     caller's environment as it was before its command ran (the key names that one)."""
     import subprocess
 
-    serve = [sys.executable, "-m", "orchestrator.warm.server"]
-    argv = [*serve, key_, str(lock_fd), json.dumps(sys.path)]
+    from ..process.interpreter import helper_argv, helper_path  # isolated: -I
+
+    path = json.dumps(helper_path())
+    argv = helper_argv("orchestrator.warm.server", key_, str(lock_fd), path)
     with contextlib.suppress(OSError):
         subprocess.Popen(
             argv,
