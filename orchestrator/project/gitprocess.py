@@ -322,8 +322,11 @@ async def run_async(cmd: GitCommand, timeout_s: float) -> GitResult:
     """:func:`run_sync` on the event loop; cancelled (even while it starts), it kills the
     process group first."""
     try:
+        # git alone (FORCED_CONFIG: no hook, helper or auto gc), as run_sync runs it: no
+        # subreaper (``pgroups.spawn``), whose start would cost more than the command
         proc = await spawn(
             *cmd.argv,
+            contain=False,
             cwd=cmd.cwd,
             env=cmd.env,
             stdin=asyncio.subprocess.DEVNULL,
