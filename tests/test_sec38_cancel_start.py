@@ -72,14 +72,19 @@ def _end_hosts(project: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("mode", ["cold", "warm", "worker"])
 @pytest.mark.parametrize("delay", DELAYS, ids=[f"{d:g}s" for d in DELAYS])
 def test_a_background_run_cancelled_at_any_moment_of_its_start_ends_cancelled(
-    project: Path, warm: bool, delay: float
+    project: Path, mode: str, delay: float
 ) -> None:
+    """``cold``: the launcher starts the worker host; ``warm``: one runs a run already;
+    ``worker``: no hosts (``ORCH_WORKER_HOST=0``), a worker of its own."""
+    warm = mode == "warm"
     token = _token()
     script = write_script(project, _sleeper(token))
     env = {"ORCH_HOST_IDLE": "30"}  # an idle host stays: its runs' owner lives on
+    if mode == "worker":
+        env["ORCH_WORKER_HOST"] = "0"
     try:
         if warm:  # a host that already runs a run: the handoff is quick
             warmer = _launch(project, write_script(project, WARMER, "warm.yaml"), env)
