@@ -61,9 +61,23 @@ def _children(pid: int) -> list[int]:
         try:
             with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
                 found += [int(c) for c in f.read().split()]
+        except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: by parent ids
+            return [p for p in _pids() if _parent(p) == pid]
         except OSError:
             continue
     return found
+
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _below() -> list[int]:

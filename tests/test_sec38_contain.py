@@ -299,3 +299,25 @@ def test_what_an_mcp_server_double_forks_ends_with_its_run(tmp_path: Path) -> No
     finally:
         for pid in host_pids(f"sleep {token}"):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_without_proc_children_the_subreaper_finds_children_by_parent_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import builtins
+    import subprocess
+
+    from orchestrator import reaper
+
+    def no_children(path: str, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith("/children"):
+            raise FileNotFoundError(path)
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(reaper, "open", no_children, raising=False)
+    kid = subprocess.Popen(["sleep", "30"])
+    try:
+        assert kid.pid in reaper._children(os.getpid())
+    finally:
+        kid.kill()
+        kid.wait()
