@@ -37,7 +37,7 @@ from ..config import DenyRule, HookCommand, Settings
 from ..mcpclient.names import is_mcp, narrowed
 from ..pgroups import kill_tree, reap, spawn
 from .commands import BUILTIN_CHECKS, command_words, pipelines
-from .hookguard import HookRefused, hook_env, private_cwd, refusal
+from .hookguard import HookRefused, hook_env, interpreter_refusal, private_cwd, refusal
 
 DELEGATION_TOOLS = frozenset({"task", "task_output", "task_stop"})
 
@@ -234,6 +234,9 @@ async def _run_hook(
     """One hook run from ``here``: its outcome when it blocks, else None."""
     environ = hook_env(env, workspace, here)
     if (why := refusal(hook.command, workspace, environ)) is not None:
+        raise HookRefused(f"{event} {why}")
+    loads = interpreter_refusal  # what its interpreters import by themselves (asks them)
+    if (why := await asyncio.to_thread(loads, hook.command, workspace, environ, here)) is not None:
         raise HookRefused(f"{event} {why}")
     data = json.dumps({"hook_event_name": event, **payload}, default=str).encode()
     proc = await spawn(

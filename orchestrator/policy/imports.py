@@ -19,8 +19,9 @@ import os
 import site
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 PROBE_TIMEOUT_S = 10.0
 # What another interpreter says of itself without running ``site`` (``-I -S``): nothing of
@@ -112,22 +113,45 @@ def loaded_files() -> Iterator[Place]:
                     yield Place(where, f"an editable install of {package}")
 
 
-def probe_places(python: str, *, site_runs: bool, cwd: str) -> list[Place] | str:
-    """The places interpreter ``python`` loads code from when started without ``-S``
-    (``site_runs``) or with it; a one-line reason when it cannot say (it is asked with
-    ``-I -S``, so nothing of those places runs while it answers)."""
+_ASKED: dict[tuple[str, ...], dict[str, Any]] = {}  # an interpreter's answer, per process
+
+
+def _ask(python: str, cwd: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """What ``python`` (started with ``env``) says of its paths; an interpreter does not
+    move its prefix or site directories, so it is asked once (what its ``.pth`` files
+    name is read each time)."""
+    asked: tuple[str, ...] = ()
+    with contextlib.suppress(OSError):
+        st = os.stat(python)
+        asked = (python, os.path.realpath(python), str(st.st_mtime_ns), json.dumps(dict(env)))
+    if asked and asked in _ASKED:
+        return _ASKED[asked]
+    done = subprocess.run(
+        [python, "-I", "-S", "-c", PROBE],
+        capture_output=True,
+        cwd=cwd,
+        env=dict(env),
+        timeout=PROBE_TIMEOUT_S,
+        check=False,
+    )
+    said = json.loads(done.stdout)
+    if not isinstance(said, dict):
+        raise ValueError("not an object")
+    if asked and len(_ASKED) < 64:
+        _ASKED[asked] = said
+    return said
+
+
+def probe_places(
+    python: str, *, site_runs: bool, cwd: str, env: Mapping[str, str]
+) -> list[Place] | str:
+    """The places interpreter ``python`` loads code from when started with ``env``,
+    without ``-S`` (``site_runs``) or with it; a one-line reason when it cannot say (it is
+    asked with ``-I -S``, so nothing of those places runs while it answers)."""
     try:
-        done = subprocess.run(
-            [python, "-I", "-S", "-c", PROBE],
-            capture_output=True,
-            cwd=cwd,
-            env={"PATH": os.defpath},
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-        said = json.loads(done.stdout)
-        path, sitedirs, user = said["path"], said["site"], said["user"]
-        prefixes = said["prefixes"]
+        said = _ask(python, cwd, env)
+        path, sitedirs, user = list(said["path"]), list(said["site"]), said["user"]
+        prefixes = list(said["prefixes"])
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as e:
         return f"{python} did not say where it imports from ({type(e).__name__})"
     found = [Place(str(p), "its prefix (pyvenv.cfg)") for p in prefixes]
