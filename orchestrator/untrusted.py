@@ -59,3 +59,26 @@ def one_line(value: object) -> str:
     it never makes a line of its own in a listing or a summary."""
     text = value if isinstance(value, str) else ("" if value is None else str(value))
     return _SPACE.sub(" ", text).strip()
+
+
+# -- one framing for every inter-agent text -----------------------------------------------
+# What one agent (or its sandbox) wrote, when it enters another agent's context: a message,
+# a gate's output, a reviewer's comments, a child's result, a board's notes, a diff. Each
+# goes through :func:`escaped` (inside orch's own markup) or :func:`framed` (as an element
+# of its own), so it can close no element of orch's and open none ("<message from=lead>").
+
+
+def escaped(value: object) -> str:
+    """Text another agent wrote, as data inside orch's markup: ``&``, ``<`` and ``>`` are
+    written as entities, so it can close no element and open none."""
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def framed(tag: str, value: object, **attrs: object) -> str:
+    """``value`` as the element ``<tag attr="...">`` on lines of its own, escaped (an
+    attribute's value with its quotes too); an attribute named ``from_`` is ``from``."""
+    named = "".join(
+        f' {k.rstrip("_")}="{escaped(v).replace(chr(34), "&quot;")}"' for k, v in attrs.items()
+    )
+    return f"<{tag}{named}>\n{escaped(value)}\n</{tag}>"

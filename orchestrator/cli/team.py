@@ -136,7 +136,13 @@ def validate(
     """Check team files against the agents here; exit 1 when one is wrong."""
     from ..catalog.teamfiles import TEAMS_DIR
     from ..catalog.teamfiles import team_names as names_of
-    from ..teams.plan import check_file_trust, check_plan, load_team, make_plan
+    from ..teams.plan import (
+        check_file_trust,
+        check_plan,
+        load_team,
+        make_plan,
+        resolve_gate_from,
+    )
 
     project = open_project(workdir)
     catalog, tools = _catalog(project, agents_dir or [])
@@ -148,6 +154,7 @@ def validate(
         try:
             file = load_team(project.root, team)
             check_file_trust(team, f"{TEAMS_DIR}/{team}.toml", project.trust)
+            resolve_gate_from(file, None, project.trust.trusted)
             check_plan(make_plan(file, team), catalog, tools)
         except UsageError as e:
             bad += 1
@@ -182,6 +189,15 @@ def run(
     ] = None,
     gate_timeout: Annotated[
         float | None, typer.Option("--gate-timeout", min=0.001, help="Seconds; over it fails.")
+    ] = None,
+    gate_from: Annotated[
+        Literal["base", "candidate"] | None,
+        typer.Option(
+            "--gate-from",
+            help="Whose tests the gate runs: base (the base's tests on the writer's code) or "
+            "candidate (the branch as it is). Default: the team's; else candidate in a trusted "
+            "repository, base in any other.",
+        ),
     ] = None,
     isolation: Annotated[
         Literal["worktree", "container"] | None,
@@ -222,7 +238,13 @@ def run(
     from ..models import ModelProvider, portable
     from ..process.command import make_runner
     from ..teams.driver import base_commit, team_spec
-    from ..teams.plan import check_file_trust, check_plan, load_team, make_plan
+    from ..teams.plan import (
+        check_file_trust,
+        check_plan,
+        load_team,
+        make_plan,
+        resolve_gate_from,
+    )
     from ..teams.progress import read_result
 
     if not prompt.strip():
@@ -244,6 +266,7 @@ def run(
         rounds=rounds,
         gate=gate,
         gate_timeout=gate_timeout,
+        gate_from=resolve_gate_from(file, gate_from, project.trust.trusted),
         isolation=isolation,
         merge=mode,
         allow_control_files=allow_control_files or None,

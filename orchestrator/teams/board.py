@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..errors import OrchError
-from ..untrusted import one_line
+from ..untrusted import escaped, framed, one_line
 
 TaskState = Literal["ready", "waiting", "claimed", "checking", "done", "failed"]
 Role = Literal["lead", "teammate"]
@@ -32,11 +32,6 @@ MAX_TASKS = 200
 MAX_TEXT = 8_000  # characters of a title + detail, a message, a summary
 MAX_MESSAGES = 200  # a team's messages in all
 MAX_PENDING = 20  # messages kept for a member's next run
-
-
-def escaped(text: str) -> str:
-    """Model text inside orch's markup: it can close no element and open none."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class BoardTask(BaseModel):
@@ -120,6 +115,7 @@ class Board:
         self._changed = asyncio.Event()
         self.version = 0  # changes so far
         self.empty_at: dict[str, int] = {}  # member -> the version its last claim found none
+        self.stalled = 0  # the lead's waits in a row on a board nobody else can move
 
     # -- seats --------------------------------------------------------------------------
     def sit(self, run_id: str, name: str, role: Role) -> Seat:
@@ -158,7 +154,7 @@ class Board:
         for t in self.state.tasks:
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on else ""
             who = f" [{t.owner}]" if t.owner else ""
-            lines.append(f"{t.id} {t.state}{who}: {one_line(t.title)}{deps}")
+            lines.append(f"{t.id} {t.state}{who}: {escaped(one_line(t.title))}{deps}")
             if t.notes and t.state in ("ready", "failed"):
                 lines.append(f"    last note: {one_line(t.notes[-1])[:400]}")
         return "\n".join(lines)
@@ -166,6 +162,7 @@ class Board:
     # -- changes ------------------------------------------------------------------------
     def _changed_now(self) -> None:
         self.version += 1
+        self.stalled = 0
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -295,7 +292,7 @@ class Board:
         )
         self.state.messages.append(sent)
         self._record("board_message", sent.model_dump(mode="json"))
-        note = f'<message from="{seat.name}" to="{to}">\n{escaped(text)}\n</message>'
+        note = framed("message", text, from_=seat.name, to=to)
         targets = [n for n in names if n != seat.name] if to == "all" else [to]
         for name in targets:
             live = [s.run_id for s in self.seats.values() if s.name == name]
@@ -315,11 +312,28 @@ class Board:
             async with asyncio.timeout(timeout_s):
                 await self._changed.wait()
 
+    def movable(self) -> bool:
+        """Whether anyone but the lead can still change the board: a task is ready (a
+        teammate is started for it), held or being checked, or a teammate's run is live."""
+        busy = any(t.state in ("ready", "claimed", "checking") for t in self.state.tasks)
+        return busy or any(s.role == "teammate" for s in self.seats.values())
+
     async def wait(self, seat: Seat, timeout_s: float) -> str:
         """Until the board changes or a message for the seat arrives, at most ``timeout_s``;
-        at once when every task is settled (nothing will change it)."""
+        at once when every task is settled, or when the lead waits on a board nobody else
+        can move (each such wait counts: ``stalled``; the driver ends the team after
+        ``idle_runs`` of them in a row)."""
         if self.settled():
             return f"Every task is done or failed.\n{self.listing()}"
+        if seat.role == "lead" and not self.movable():
+            self.stalled += 1
+            self._changed.set()  # the driver looks at once (the version stays: no change)
+            self._changed = asyncio.Event()
+            return (
+                "Nothing can change the board but you: no task is ready, held or being "
+                "checked, and no teammate is at work. Add tasks with board_add, or end your "
+                f"turn with a summary.\n{self.listing()}"
+            )
         changed = self._changed
         try:
             async with asyncio.timeout(timeout_s):

@@ -278,7 +278,8 @@ class TeamDriver:
             c.state = "passed"
             return
         assert c.branch is not None and c.commit is not None
-        result = await self.crew.gate(n, c.number, c.branch, c.commit, self._what(n, "gate", c))
+        what = self._what(n, "gate", c)
+        result = await self.crew.gate(n, c.number, c.branch, c.commit, what, self.result.base)
         trim(self.result.gates, c.number)
         self.result.gates.append(result)
         if result.passed:

@@ -15,13 +15,14 @@ import shlex
 import time
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..catalog.definitions import AgentDefinition
 from ..egress.rules import NetworkSetting
 from ..engine.agent import LoopOutcome
 from ..engine.runner import Driven
 from ..run import RunRecord, RunStatus
+from ..untrusted import escaped, framed
 
 OUTPUT_KEPT = 6_000  # characters of a gate's output kept (the end, where failures show)
 GRACE_S = 30.0  # the gate run's own timeout beyond the command's (its checkout, its close)
@@ -41,6 +42,8 @@ class GateResult(BaseModel):
     seconds: float = 0.0
     output: str = ""  # the end of its output, at most OUTPUT_KEPT characters
     error: str | None = None  # why the gate could not run at all (its run failed)
+    gate_from: str = "candidate"  # whose tests it ran: "base" or "candidate" (gatefrom.py)
+    swapped: list[str] = Field(default_factory=list)  # test paths it took from the base
 
     def headline(self) -> str:
         if self.error is not None:
@@ -149,9 +152,21 @@ def gate_result(
 def for_writer(gate: GateResult) -> str:
     """The message a writer gets when its change failed the gate."""
     return (
-        f"The test gate failed on your change ({gate.headline()}), so no reviewer has seen "
-        "it yet. Fix what fails, keep working on the same branch, then answer with your "
-        f"summary as before.\n\nThe gate's output (its end):\n```\n{gate.output or '(none)'}\n```\n"
+        f"The test gate failed on your change ({escaped(gate.headline())}), so no reviewer has "
+        "seen it yet. Fix what fails, keep working on the same branch, then answer with your "
+        f"summary as before.\n{base_tests(gate)}\nThe gate's output (its end):\n"
+        f"{framed('gate_output', gate.output or '(none)')}\n"
+    )
+
+
+def base_tests(gate: GateResult) -> str:
+    """What a gate with ``gate_from = "base"`` ran instead of the branch's tests."""
+    if not gate.swapped:
+        return ""
+    shown = ", ".join(gate.swapped[:20]) + (", ..." if len(gate.swapped) > 20 else "")
+    return (
+        "\nThe gate ran the base's tests and test configuration, not the branch's: its "
+        f"version of {escaped(shown)} was not used (gate_from = base).\n"
     )
 
 
@@ -161,6 +176,6 @@ def for_reviewer(gate: GateResult | None) -> str:
         return "This team has no test gate: check the tests yourself.\n"
     shown = tail(gate.output, 2_000) or "(no output)"
     return (
-        f"The test gate passed on this commit ({gate.headline()}). "
-        f"Its output (its end):\n```\n{shown}\n```\n"
+        f"The test gate passed on this commit ({escaped(gate.headline())}). {base_tests(gate)}"
+        f"Its output (its end):\n{framed('gate_output', shown)}\n"
     )

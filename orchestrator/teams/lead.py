@@ -30,6 +30,7 @@ from ..project.repo import diff_stats, is_ancestor, rev, short_run_id
 from ..run import RunRecord
 from ..spec import RunSpec
 from ..tools.boardtools import LEAD_TOOLS, TEAMMATE_TOOLS
+from ..untrusted import escaped
 from ..workspaces.lifetime import stopped
 from ..workspaces.registry import tier_config
 from . import gate as gates
@@ -82,6 +83,7 @@ class LeadDriver(TeamDriver):
         )
         self.members = [f"teammate-{k}" for k in range(1, plan.teammates + 1)]
         self.started: dict[str, int] = {}  # member -> runs started
+        self.idle = 0  # teammate runs in a row that ended without claiming a ready task
 
     done_phrase = "every task merged"
 
@@ -166,6 +168,7 @@ class LeadDriver(TeamDriver):
                         job.result()  # a bug in a step ends the team, with its reason
                 if lead.done():
                     lead.result()
+                self._check_idle()
                 ready = self.board.ready()
                 for name in self.members:
                     rested = self.board.empty_at.get(name) != self.board.version
@@ -180,6 +183,22 @@ class LeadDriver(TeamDriver):
                 changed.cancel()
         finally:
             await stopped(*(j for j in (lead, *jobs.values()) if not j.done()))
+
+    def _check_idle(self) -> None:
+        """A team that makes no progress stops (``idle_runs``), saying why in one line."""
+        limit = self.plan.idle_runs
+        if self.idle >= limit:
+            raise OrchError(
+                f"the team made no progress: {self.idle} teammate runs in a row ended without "
+                f"claiming a ready task (idle_runs = {limit}); the work so far is on "
+                f"{self.result.branch}"
+            )
+        if self.board.stalled >= limit:
+            raise OrchError(
+                f"the team made no progress: the lead waited {limit} times in a row on a "
+                f"board nobody else can move (idle_runs = {limit}); the work so far is on "
+                f"{self.result.branch}"
+            )
 
     def _startable(self) -> bool:
         """A ready task and a teammate who would be started for it."""
@@ -262,10 +281,16 @@ class LeadDriver(TeamDriver):
         task = next((t for t in self.board.state.tasks if t.run_id == rid), None)
         self.crew.ran(task.attempts + 1 if task else 0, "teammate", rec)
         if task is None:
+            if self.board.ready():  # it could have claimed one, and did not
+                self.idle += 1
             await delete_if_unused(self.repo, branch, start)
-        elif task.state == "claimed":
+            return
+        self.idle = 0
+        if task.state == "claimed":
             why = rec.error or rec.status.value
-            self._back(task, f"{name} ended without board_done ({rec.status.value}: {why})")
+            self._back(
+                task, f"{name} ended without board_done ({rec.status.value}: {escaped(why)})"
+            )
         else:
             task.branch = branch
             await self._check(task, branch, start)
@@ -283,7 +308,7 @@ class LeadDriver(TeamDriver):
             return
         gate = None
         if plan.gate is not None:
-            gate = await self.crew.gate(n, number, branch, commit, f"{task.id} gate")
+            gate = await self.crew.gate(n, number, branch, commit, f"{task.id} gate", start)
             trim(res.gates, number)
             res.gates.append(gate)
             self._save()
@@ -305,6 +330,8 @@ class LeadDriver(TeamDriver):
         try:
             merged = await merge_onto(self.repo, str(res.branch), branch, message)
         except Conflict as e:
-            self._back(task, f"{e}; claim it again: you start from the new integration tip")
+            self._back(
+                task, f"{escaped(e)}; claim it again: you start from the new integration tip"
+            )
             return
         self.board.finish(task, merged)

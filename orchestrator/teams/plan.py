@@ -58,6 +58,10 @@ class TeamFile(BaseModel):
     rounds: int = Field(default=3, ge=1, le=50, strict=True)
     gate: StrictStr | None = None  # a command, run in the writer's sandbox after each turn
     gate_timeout: float = Field(default=600.0, gt=0, le=86_400)
+    # whose tests the gate runs (teams/gatefrom.py): "base" (the base's tests and test
+    # configuration against the candidate's code) or "candidate" (the branch as it is).
+    # Unset: "candidate" in a trusted repository, else "base" (resolve_gate_from).
+    gate_from: Literal["base", "candidate"] | None = None
     isolation: TeamIsolation = "worktree"
     merge: MergeMode = "none"
     models: RoleModels = Field(default_factory=RoleModels)
@@ -65,6 +69,9 @@ class TeamFile(BaseModel):
     # writers (the ``writer`` agent) claim; each task is gated, reviewed and merged.
     lead: StrictStr | None = None
     teammates: int = Field(default=2, ge=1, le=MAX_WRITERS, strict=True)
+    # A lead team ends, failed, after this many idle runs in a row: teammate runs that
+    # ended without claiming a ready task, or the lead's waits on a board nobody can move.
+    idle_runs: int = Field(default=3, ge=1, le=100, strict=True)
     # Every member's network instead of its agent's (egress/rules.py); a repository's team
     # may not reach wider than the user's settings unless trusted.
     network: NetworkSetting | None = None
@@ -153,6 +160,24 @@ def check_plan(plan: TeamPlan, catalog: Catalog, tools: ToolRegistry) -> None:
         raise UsageError(f"{who}: gate is empty; give a command, or leave gate out")
     if plan.gate is not None and "\x00" in plan.gate:
         raise UsageError(f"{who}: gate holds a NUL character, which no command can; remove it")
+
+
+def resolve_gate_from(
+    file: TeamFile | None, flag: str | None, trusted: bool
+) -> Literal["base", "candidate"]:
+    """Whose tests the gate runs: the flag, else the team file's, else "candidate" in a
+    trusted repository and "base" in any other. A repository's team file may relax it to
+    "candidate" only once the repository is trusted (UsageError, one line)."""
+    if flag is not None:
+        return "candidate" if flag == "candidate" else "base"
+    chosen = file.gate_from if file is not None else None
+    if chosen == "candidate" and not trusted:
+        raise UsageError(
+            'gate_from = "candidate" lets a writer change the tests its gate runs; a '
+            "repository's team may set it only once trusted (`orch trust`), or pass "
+            "--gate-from candidate"
+        )
+    return chosen or ("candidate" if trusted else "base")
 
 
 def check_file_trust(name: str, where: str, trust: Trust) -> None:

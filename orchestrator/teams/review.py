@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..branches import control_changes
 from ..errors import OrchError
 from ..project.git import RepoPaths, git
+from ..untrusted import escaped, framed
+from .gatefrom import is_test_path
 
 DIFF_LIMIT = 60_000  # characters of the diff put in the reviewer's prompt
 ANSWER_QUOTE = 2_000  # characters of a malformed answer quoted back to the reviewer
@@ -102,7 +104,7 @@ def parse_verdict(text: str) -> Verdict:
 
 def format_comments(verdict: Verdict) -> str:
     lines = [f"- {c.path}:{c.line}: {c.comment}" for c in verdict.comments]
-    return "\n".join(lines) or "(no line comments)"
+    return escaped("\n".join(lines) or "(no line comments)")
 
 
 def tagged(notes: list[tuple[str, Verdict]]) -> str:
@@ -111,7 +113,7 @@ def tagged(notes: list[tuple[str, Verdict]]) -> str:
     for tag, v in notes:
         lines = [f"- [{tag}] {c.path}:{c.line}: {c.comment}" for c in v.comments]
         body = "\n".join(lines) or f"- [{tag}] (no line comments)"
-        parts.append(f"[{tag}] {v.verdict}: {v.summary}\n{body}")
+        parts.append(framed("review", f"[{tag}] {v.verdict}: {v.summary}\n{body}", by=tag))
     return "\n\n".join(parts)
 
 
@@ -149,7 +151,7 @@ def reviewer_prompt(
     if previous is not None:
         earlier = (
             "\nIn the previous round you requested these changes; check they were made:\n"
-            f"{previous.summary}\n{format_comments(previous)}\n"
+            f"{escaped(previous.summary)}\n{format_comments(previous)}\n"
         )
     first_branch = shown[0][1]
     if len(shown) == 1:
@@ -171,7 +173,7 @@ def reviewer_prompt(
         label = f"Candidate {number}: " if len(shown) > 1 else ""
         blocks.append(f"## {label}branch {branch} (commit {commit[:12]})\n{body}")
     return (
-        f"{head}\n\nThe task the change implements:\n<task>\n{task}\n</task>\n\n"
+        f"{head}\n\nThe task the change implements:\n{framed('task', task)}\n\n"
         f"Branch {first_branch} is checked out in your workspace: read its files with "
         f"read_file, glob and grep.\n{earlier}\n" + "\n\n".join(blocks) + "\n\nAnswer ONLY "
         f"with one JSON object, no prose around it:\n{fmt}\n"
@@ -180,14 +182,14 @@ def reviewer_prompt(
 
 def candidate_block(base: str, commit: str, diff: str, gate: str) -> str:
     """One candidate as a reviewer sees it: the gate's result, then the diff."""
-    return f"{gate}\nThe diff (git diff {base[:12]}..{commit[:12]}):\n```diff\n{diff}\n```"
+    return f"{gate}\nThe diff (git diff {base[:12]}..{commit[:12]}):\n{framed('diff', diff)}"
 
 
 def reviewer_retry(first_prompt: str, answer: str, problem: str) -> str:
     quoted = answer.strip()[:ANSWER_QUOTE] or "(empty)"
     return (
         f"{first_prompt}\n---\nYour previous answer was not a valid verdict: {problem}.\n"
-        f"Your previous answer was:\n<previous_answer>\n{quoted}\n</previous_answer>\n"
+        f"Your previous answer was:\n{framed('previous_answer', quoted)}\n"
         "Answer again with ONLY the JSON object in the format above.\n"
     )
 
@@ -235,24 +237,60 @@ def decide(
 DIFF_FLAGS = ("--no-color", "--no-ext-diff", "--no-textconv", "--ignore-submodules=dirty")
 
 
+def _ordered(diff: str, names: list[str], first: list[str]) -> str:
+    """``diff`` with the files of ``first`` (in that order) before the others. ``names``:
+    its files in git's order, one section each (else the diff is left as it is)."""
+    starts = [i for i, line in enumerate(diff.split("\n")) if line.startswith("diff --git ")]
+    if not first or len(starts) != len(names):
+        return diff
+    lines = diff.split("\n")
+    bounds = [*starts, len(lines)]
+    section = {n: "\n".join(lines[bounds[i] : bounds[i + 1]]) for i, n in enumerate(names)}
+    head = "\n".join(lines[: starts[0]]) if starts else ""
+    rest = [n for n in names if n not in set(first)]
+    ordered = [section[n] for n in [*first, *rest] if n in section]
+    return "\n".join(p for p in [head, *ordered] if p)
+
+
+def _listed(title: str, paths: list[str]) -> str:
+    return f"[{title}]\n" + "\n".join(f"  {p}" for p in paths) + "\n\n"
+
+
 async def branch_diff(repo: RepoPaths, base: str, commit: str, limit: int = DIFF_LIMIT) -> str:
-    """The branch's diff for the reviewer; changes to control files are listed first."""
-    result = await git("diff", *DIFF_FLAGS, base, commit, repo=repo)
-    text = result.out
+    """The branch's diff for a person or a reviewer: changes to control files listed first,
+    then changes to tests and their configuration (``gatefrom.is_test_path``), then the
+    rest; each file's diff in that order too."""
+    flags = (*DIFF_FLAGS, "--no-renames")
+    result = await git("diff", *flags, base, commit, repo=repo)
+    named = await git("diff", "--name-only", "-z", *flags, base, commit, repo=repo)
+    names = [n for n in named.out.split("\0") if n]
+    control = await asyncio.to_thread(control_changes, repo, base, commit)
+    tests = [n for n in names if n not in control and is_test_path(n)]
+    text = _ordered(result.out, names, [*control, *tests])
     if len(text) > limit:
-        stat = await git("diff", "--stat", *DIFF_FLAGS, base, commit, repo=repo)
+        stat = await git("diff", "--stat", *flags, base, commit, repo=repo)
         text = (
             f"{text[:limit]}\n[diff cut at {limit:,} of {len(text):,} characters; read the "
             f"files for the rest. Files changed:]\n{stat.out}"
         )
     text = text or "(empty diff: the branch has no changes against the base)"
-    control = await asyncio.to_thread(control_changes, repo, base, commit)
+    if tests:
+        text = (
+            _listed(
+                "TESTS OR TEST CONFIGURATION CHANGED: a gate with gate_from = base runs the "
+                "base's versions; check these changes do not weaken what the tests prove:",
+                tests,
+            )
+            + text
+        )
     if control:
         text = (
-            "[CONTROL FILES CHANGED: these steer orch, git or CI on the user's machine; they are "
-            "not merged without --allow-control-files. Review them first:]\n"
-            + "\n".join(f"  {p}" for p in control)
-            + "\n\n"
+            _listed(
+                "CONTROL FILES CHANGED: these steer orch, git, CI, editors or agents on the "
+                "user's machine; they are not merged without --allow-control-files. Review "
+                "them first:",
+                control,
+            )
             + text
         )
     return text

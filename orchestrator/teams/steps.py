@@ -26,6 +26,8 @@ from ..spec import Limits, RunSpec
 from ..workspaces.registry import tier_config
 from . import gate as gates
 from . import review
+from .gatefrom import gate_commit
+from .integrate import delete_if_unused, ensure_branch
 from .plan import TeamPlan
 from .progress import ReviewNote, TeamRun
 
@@ -100,9 +102,31 @@ class Crew:
 
     # -- the gate -----------------------------------------------------------------------
     async def gate(
+        self, n: int, number: int, branch: str, commit: str, what: str, base: str
+    ) -> gates.GateResult:
+        """The team's gate on ``branch`` (at ``commit``), as a run of its own; with
+        ``gate_from = "base"`` on a commit of ``commit`` with ``base``'s tests
+        (``gatefrom.py``), on a branch of its own for the gate's run."""
+        plan = self.plan
+        assert plan.gate is not None
+        swapped: list[str] = []
+        gated = branch
+        if (plan.gate_from or "base") == "base":
+            on, swapped = await gate_commit(self.repo, base, commit, plan.gate)
+            if on != commit:
+                gated = f"orch/team-gate/{self.root.run_id.removeprefix('r-')[:8]}-{number}-{n}"
+                await ensure_branch(self.repo, gated, on)
+        try:
+            result = await self._gate(n, number, gated, commit, what)
+        finally:
+            if gated != branch:
+                await delete_if_unused(self.repo, gated, on)
+        result.gate_from, result.swapped = plan.gate_from or "base", swapped
+        return result
+
+    async def _gate(
         self, n: int, number: int, branch: str, commit: str, what: str
     ) -> gates.GateResult:
-        """The team's gate on ``branch`` (at ``commit``), as a run of its own."""
         plan = self.plan
         assert plan.gate is not None
         tier = tier_config(plan.isolation).model_copy(update={"branch": branch, "discard": True})

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from ..errors import OrchError
+from ..untrusted import escaped, framed, one_line
 from .base import BoardSeat, Tool, ToolContext, ToolFailure, ToolInput, ToolOutput
 
 WAIT_MAX_S = 600.0
@@ -120,7 +121,8 @@ class BoardClaimTool(_BoardTool):
         if task is None:
             return "No task is ready. End your turn with a one-line summary."
         earlier = "".join(f"\nIt came back before: {n}" for n in task.notes[-2:])
-        return f"Claimed {task.id}: {task.title}\n{task.detail}{earlier}"
+        detail = framed("detail", task.detail, by="lead") if task.detail.strip() else ""
+        return f"Claimed {task.id}: {escaped(one_line(task.title))}\n{detail}{earlier}"
 
 
 class DoneInput(ToolInput):
