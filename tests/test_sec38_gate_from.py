@@ -152,3 +152,18 @@ def test_a_repositorys_team_cannot_relax_the_gate_until_trusted() -> None:
     assert resolve_gate_from(loose, "candidate", trusted=False) == "candidate"  # the user's flag
     assert resolve_gate_from(None, None, trusted=False) == "base"
     assert resolve_gate_from(None, None, trusted=True) == "candidate"
+
+
+def test_orch_team_refuses_a_relaxed_gate_in_an_untrusted_repository(tmp_path: Path) -> None:
+    """Through the CLI: `orch team validate` and `orch team run` refuse, in one line, a
+    repository's team that sets gate_from = "candidate" before `orch trust`."""
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    loose = 'gate = "true"\nreviewers = ["reviewer"]\ngate_from = "candidate"\n'
+    root = init_repo(tmp_path / "proj", {"calc.py": "x = 1\n", ".orch/teams/loose.toml": loose})
+    for args in (["team", "validate", "loose"], ["team", "run", "--team", "loose", "do it"]):
+        r = CliRunner().invoke(app, [*args, "-C", str(root)])
+        assert r.exit_code != 0 and "only once trusted" in r.stderr, (args, r.output)
+        assert "Traceback" not in r.output and r.stderr.strip().count("\n") == 0, r.stderr

@@ -51,7 +51,8 @@ class GateResult(BaseModel):
         if self.timed_out:
             return f"gate timed out after {self.seconds:.0f}s: {self.command}"
         state = "passed" if self.passed else f"failed (exit {self.exit_code})"
-        return f"gate {state} in {self.seconds:.1f}s: {self.command}"
+        took = f" (the base's version of {len(self.swapped)} test path(s))" if self.swapped else ""
+        return f"gate {state} in {self.seconds:.1f}s: {self.command}{took}"
 
 
 KEPT_BYTES = 200_000  # of a gate's output, its end, whatever its length
