@@ -52,6 +52,11 @@ every limit                a numeric setting marked ``LIMIT`` in ``config.py`` (
                            network the user's settings do not reach; found by
                            ``agent_trust.py``, which sits above
                            ``definitions``
+``skills.NAME.replaces``   a skill of the repository (``.orch/skills``, ``.claude/skills``)
+``mcp_servers.NAME.        or a server of its ``.mcp.json`` with the name (ignoring case) of
+replaces``                 one of the user's (``~/.orch/skills``, ``~/.orch/mcp.json``) or a
+                           bundled skill: the user's agent would follow its text, or call it,
+                           as its own; value: its SHA-256 (``catalog/shadow.py``)
 =========================  =================================================================
 
 (A ``[sandbox]`` table in ``orch.toml`` replaces the user's whole table, so a key it leaves
@@ -59,7 +64,8 @@ out counts as set to its default.) Until the user runs ``orch trust``, the gated
 left out: a top-level key as if the repository had not set it, a ``sandbox`` key with the
 value it would have without the repository's file (so a raised limit stays the user's: an
 untrusted repository can lower a limit, never raise it), and a repository agent that would
-weaken one of the user's is left out for the user's own. Everything else of the
+weaken one of the user's, or a skill or server taking a name of the user's, is left out for
+the user's own. Everything else of the
 repository's settings applies.
 
 Not gated: ``agents_dirs`` (a repository's list is added after the user's, never instead of
@@ -172,7 +178,8 @@ class TrustCap:
 class AgentFloor:
     """A repository's agent file that weakens what it replaces, or asks a network the
     user's settings do not reach; or (``kind`` "teams") a team file that asks such a
-    network or a model that reads a host file.
+    network or a model that reads a host file; or (``kind`` "skills", "mcp_servers") a
+    skill or MCP server that takes the name of one of the user's (``catalog/shadow.py``).
 
     ``key`` is what it weakens (``isolation``, ``tools``, ``network``, ``models``...) and
     ``value`` its own value of that; ``replaces`` the file of the user's (or bundled) agent
@@ -184,7 +191,7 @@ class AgentFloor:
     value: Any
     replaces: Path | None = None
     bundled: bool = False  # ``replaces`` is a bundled agent
-    kind: Literal["agents", "teams"] = "agents"
+    kind: Literal["agents", "teams", "skills", "mcp_servers"] = "agents"
 
 
 @dataclass(frozen=True)

@@ -332,7 +332,8 @@ def test_skill_precedence(tmp_path: Path) -> None:
     write_skill(project / ".claude" / "skills", "git-hygiene", "claude version", "claude body")
     write_skill(project / ".orch" / "skills", "extra", "extra skill", "extra body")
     catalog = load_catalog(project, [], home=home)
-    assert catalog.skill("git-hygiene").description == "claude version"
+    # a repository's skill never takes the name of the user's untrusted (test_sec38_shadowing)
+    assert catalog.skill("git-hygiene").description == "home version"
     assert catalog.skill("extra").body == "extra body"
     assert catalog.skill("delegation-prompts").source == "bundled:delegation-prompts"
 

@@ -51,7 +51,10 @@ def agent_floors(root: Path, user: dict[str, Any], repo: dict[str, Any]) -> list
     owners = Owners.of(root, theirs)
     repo_dirs = [*(root / d.expanduser() for d in theirs), root / ".orch/agents"]
     repo_dirs.append(root / ".claude/agents")
-    teams = team_floors(root, user)
+    from .shadow import mcp_floors
+
+    teams = [*team_floors(root, user), *skill_floors(root, Path.home())]
+    teams += mcp_floors(root, Path.home())  # a skill or server taking a name of the user's
     if not any(d.is_dir() for d in [*repo_dirs, *named(user)] if owners.repository_dir(d)):
         return teams  # the usual case: no agent file to parse, nothing imported
     from ..workspaces.registry import TIER_NAMES, rank
@@ -121,6 +124,21 @@ def team_floors(root: Path, user: dict[str, Any]) -> list[AgentFloor]:
         if scripted:
             floors.append(AgentFloor(name, path, "models", scripted, kind="teams"))
     return floors
+
+
+def skill_floors(root: Path, home: Path) -> list[AgentFloor]:
+    """The repository's skills that take the name (ignoring case) of one of the user's
+    (``~/.orch/skills``) or a bundled one (``shadow.py``)."""
+    dirs = [root / ".orch/skills", root / ".claude/skills"]
+    if not any(d.is_dir() for d in dirs):
+        return []
+    from .definitions import bundled_dir, parse_skill
+    from .shadow import every_skill, skill_clashes
+
+    bundled = bundled_dir("skills")
+    order = [*dirs, home / ".orch/skills", *([bundled] if bundled else [])]
+    every = every_skill(order, Owners.of(root), bundled, parse_skill)
+    return [floor for floor, _, _ in skill_clashes(every)]
 
 
 def _network(user: dict[str, Any]) -> NetworkSetting:

@@ -126,6 +126,7 @@ class SkillDefinition(BaseModel):
     body: str
     source: str
     warnings: list[str] = Field(default_factory=list)
+    repository: bool = False  # the repository's (``owner.py``), set where it is loaded
 
 
 class ValidationReport(BaseModel):
@@ -370,8 +371,10 @@ def _load_dirs(
     parse: Callable[[str, Path, str | None], _D],
     errors: list[DefinitionError],
     owners: Owners,
+    every: list[tuple[Path, _D]] | None = None,
 ) -> dict[str, _D]:
-    """Load each directory in turn; a name already found in an earlier one is kept."""
+    """Load each directory in turn; a name already found in an earlier one is kept
+    (``every``: each directory's, in order)."""
     found: dict[str, _D] = {}
     seen: set[Path] = set()
     bundled = bundled_dir(kind)
@@ -390,6 +393,8 @@ def _load_dirs(
                 continue
             here[d.name] = path
             found.setdefault(d.name, d)
+            if every is not None:
+                every.append((path, d))
     return found
 
 
@@ -403,7 +408,9 @@ def load_catalog(
     hidden: Sequence[str] = (),
 ) -> Catalog:
     """Agents from each of ``agents_dirs``, ``<project>/.orch/agents``, ``.claude/agents``,
-    ``~/.orch/agents``, bundled; skills likewise. On a name clash the earlier one wins.
+    ``~/.orch/agents``, bundled; skills likewise. On a name clash the earlier one wins, but
+    a repository's skill or MCP server never takes the name of the user's untrusted
+    (``shadow.py``).
     Whose each is (``owner.py``) follows ``trust`` (the directories the repository's
     settings name); ``hidden``: ``sandbox.hidden``, never read from the repository."""
     for d in [*agents_dirs, *skills_dirs]:
@@ -420,12 +427,15 @@ def load_catalog(
     cat.agents = _load_dirs(
         "agents", search("agents", agents_dirs), parse_agent, cat.errors, owners
     )
+    every: list[tuple[Path, SkillDefinition]] = []
     cat.skills = _load_dirs(
-        "skills", search("skills", skills_dirs), parse_skill, cat.errors, owners
+        "skills", search("skills", skills_dirs), parse_skill, cat.errors, owners, every
     )
     from ..mcpclient.declared import load_declared
+    from .shadow import keep_users_servers, keep_users_skills
 
-    cat.mcp = load_declared(project_root, home)
+    keep_users_skills(cat.skills, every, trust)  # untrusted, the user's names stay the user's
+    cat.mcp = keep_users_servers(project_root, load_declared(project_root, home), home, trust)
     return cat
 
 

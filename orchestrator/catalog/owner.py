@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar
 
 from ..fs.realpath import resolved
 from ..fs.safefs import Beneath, UnsafePath
@@ -52,7 +50,19 @@ STATE_NAME = ".orch"
 CATALOG_DIRS = frozenset({(STATE_NAME, "agents"), (STATE_NAME, "skills")})
 _HOW = "a repository's agent and skill files are read only inside it"
 SKIP = re.compile(r"^((?i:readme\.md)|LICENSE.*|\..*)$")  # not license-engineer.md
-_D = TypeVar("_D", bound=BaseModel)
+
+
+class Definition(Protocol):
+    """An agent or skill definition (pydantic models of ``definitions.py``)."""
+
+    name: str
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Self: ...
+
+
+_D = TypeVar("_D", bound=Definition)
 
 
 def _fold(parts: Iterable[str]) -> tuple[str, ...]:
@@ -195,7 +205,7 @@ def found_in(
     bundled: Path | None = None,
 ) -> list[tuple[Path, _D]] | None:
     """The definitions of ``directory`` in name order (a file that does not load: in
-    ``errors``); an agent of the repository's (``owner.py``) says so. The repository's
+    ``errors``); an agent or skill of the repository's (``owner.py``) says so. The repository's
     files, and the repository's directory, are read beneath the project (``Owners.read``);
     None when the directory may not be read (why: in ``errors``)."""
     theirs = owners.repository_dir(directory)
@@ -220,7 +230,5 @@ def found_in(
         except DefinitionError as e:
             errors.append(e)
             continue
-        out.append(
-            (path, d.model_copy(update={"repository": True}) if mine and kind == "agents" else d)
-        )
+        out.append((path, d.model_copy(update={"repository": True}) if mine else d))
     return out

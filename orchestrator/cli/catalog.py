@@ -214,6 +214,7 @@ def _check_mcp(reports: list[ValidationReport], start: bool, workdir: Path | Non
     from ..catalog.definitions import load_agent_file
     from ..catalog.mcpcheck import mcp_warnings, named
     from ..catalog.owner import Owners
+    from ..catalog.shadow import keep_users_servers
     from ..mcpclient.declared import load_declared
 
     loaded = [
@@ -224,7 +225,8 @@ def _check_mcp(reports: list[ValidationReport], start: bool, workdir: Path | Non
         return
     root = root_of(workdir)
     settings, trust = load_trusted(root)
-    declared = load_declared(root, Path.home())
+    # as a run gets them: a repository's server never takes a name of the user's untrusted
+    declared = keep_users_servers(root, load_declared(root, Path.home()), Path.home(), trust)
     owners = Owners.for_trust(root, trust, settings.sandbox.hidden)
     theirs = {
         d.name
