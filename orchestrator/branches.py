@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import git as gitpython
-from git.exc import GitCommandError
 from pydantic import BaseModel, Field
 
 from .errors import NotFound, OrchError, UsageError
@@ -38,6 +36,7 @@ from .project.git import (
     git_sync,
     spawn_sync,
 )
+from .project.gitpy import GitCommandError, gitpython
 from .project.repo import (
     discover,
     discover_sync,

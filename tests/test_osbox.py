@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import os
 import random
-import shutil
 import signal
 import socket
 import statistics
@@ -38,6 +37,7 @@ from orchestrator.bwrap.profile import (
     default_hidden,
     sandbox_env,
 )
+from orchestrator.fs import hostprograms
 from orchestrator.workspaces.base import NullSink, run_process
 
 IN_CI = os.environ.get("CI") == "true"
@@ -480,7 +480,7 @@ def fresh_choice() -> Iterator[None]:
 
 @pytest.mark.usefixtures("fresh_choice")
 def test_unavailable_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(hostprograms, "host_program", lambda name, workspace=None: None)
     monkeypatch.setattr(bwrapfind, "bundled_bwrap", lambda: None)
     monkeypatch.delenv("ORCH_BWRAP", raising=False)
     choice = osbox.bwrap_choice("auto")

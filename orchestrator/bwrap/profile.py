@@ -10,8 +10,12 @@ command gets fresh PID, IPC, UTS, cgroup (and, unless ``network``, network:
 with ``egress``, only the egress proxy's socket, bound at ``SOCKET_INSIDE``)
 namespaces, no capabilities, no further user namespaces, a new session, and
 only the environment it is given: ``bwrap`` itself is started through
-``env -i`` so that nothing of the caller's environment is left in any
-process of the sandbox (``/proc/1/environ`` would show it otherwise).
+``/usr/bin/env -i`` so that nothing of the caller's environment is left in any
+process of the sandbox (``/proc/1/environ`` would show it otherwise). Neither
+``env`` nor ``bwrap`` is one an agent could have planted (``fs/hostprograms.py``):
+``env`` is never looked up, and the system ``bwrap`` is looked up on a ``PATH``
+without entries in a git checkout and refused in or through the workspace (a
+``bwrap`` chosen by path, or the bundled one, is kept read-only inside: ``own_paths``).
 
 Mounts are applied parents first (by path depth), so a deeper rule wins over a
 shallower one whatever list it comes from: the private ``/tmp`` is mounted
@@ -31,15 +35,16 @@ rest of the namespace.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..egress.bridge import SOCKET_INSIDE
 from ..errors import OrchError
+from ..fs.hostprograms import ENV, passes_through, workspaces
 from ..fs.realpath import resolved, resolved_lax
 from ..models import secret_env_prefixes
 from .find import FIX, BwrapChoice, bwrap_choice, chosen, own_paths
@@ -260,8 +265,12 @@ class OsSandbox:
             raise SandboxUnavailable(found.choice.reason or FIX)
         if not argv:
             raise ValueError("nothing to run")
-        envprog = shutil.which("env") or "/usr/bin/env"
-        out = [envprog, "-i", found.choice.path, *self.mounts()]
+        if found.choice.source == "system" and _writable(found.choice.path, self.workspace):
+            raise SandboxUnavailable(
+                f"{found.choice.path} is in a workspace an agent can write: install bubblewrap "
+                'outside it (apt-get install bubblewrap) or set sandbox.bwrap = "bundled"'
+            )
+        out = [ENV, "-i", found.choice.path, *self.mounts()]
         out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         out += [*found.userns, "--cap-drop", "ALL"]
         if not self.network:
@@ -271,3 +280,10 @@ class OsSandbox:
         for name, value in self.env.items():
             out += ["--setenv", name, value]
         return [*out, "--", *argv]
+
+
+@functools.lru_cache(maxsize=64)
+def _writable(program: str, workspace: Path) -> bool:
+    """``program`` lies in or passes through a workspace of ``workspace``'s project (a
+    sandbox there could replace it)."""
+    return passes_through(program, workspaces(workspace), Path("/")) is not None

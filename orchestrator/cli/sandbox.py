@@ -56,8 +56,10 @@ def build_cmd(
 
     script = build_script()
     docker_client().close()  # one clear line when the engine is not reachable
-    env = {**os.environ, **({"BASE": base} if base else {})}
-    argv = ["bash", str(script), *(["--dry-run"] if dry_run else [])]
+    from ..fs.hostprograms import host_path, host_program  # none an agent could plant
+
+    env = {**os.environ, "PATH": host_path(), **({"BASE": base} if base else {})}
+    argv = [host_program("bash") or "/bin/bash", str(script), *(["--dry-run"] if dry_run else [])]
     out = subprocess.PIPE
     proc = subprocess.Popen(
         argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL

@@ -4,7 +4,6 @@ image, the model API's credentials and endpoint."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -51,7 +50,9 @@ def check_python() -> Check:
 
 
 def check_git() -> Check:
-    git = shutil.which("git")
+    from ..fs.hostprograms import host_program  # the git orch runs (none in a checkout)
+
+    git = host_program("git")
     fix = "install git (apt-get install git); the worktree and container tiers need it"
     if git is None:
         detail = "git not found on PATH"

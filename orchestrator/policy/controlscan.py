@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable
-
-import git as gitpython
+from typing import TYPE_CHECKING
 
 from .controlpaths import control_content, is_control_path, manifest_kind
+
+if TYPE_CHECKING:
+    import git as gitpython  # (at run time: project/gitpy.py, which branches.py imports)
 
 LINK_MODE = "120000"
 LINK_BYTES = 4096  # of a link's target read

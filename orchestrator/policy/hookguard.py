@@ -42,6 +42,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ..errors import OrchError
+from ..fs.hostprograms import passes_through as passes_through
+from ..fs.hostprograms import workspaces as workspaces
 from .commands import shell_split
 from .imports import Place, probe_places
 
@@ -57,7 +59,6 @@ _SPLIT = re.compile(r"\|\||&&|[;&|\n()`]")
 _REDIRECT = re.compile(r"^[0-9]*[<>&]+\|?")
 _SCRIPT = re.compile(r"\.(py|pyc|pyz|sh|bash|zsh|js|mjs|cjs|ts|pl|pm|rb|php|lua|r|jar)$", re.I)
 _NESTED = re.compile(r"[\s;&|<>()]")
-_MAX_LINKS = 40
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*[a-z]?$")
 # variables that make an interpreter (or the dynamic linker) load code nobody named
 IMPORT_HOOKS = frozenset(
@@ -74,59 +75,6 @@ WHERE_PYTHON = (
     "name a Python whose environment has nothing in the project (e.g. /usr/bin/python3), "
     "or start it with -S"
 )
-
-
-def workspaces(workspace: Path) -> list[Path]:
-    """The directories an agent of this run (or of its chain) may write: the workspace, the
-    checkout around it (the nearest directory up with a ``.git``: a run started in a
-    subdirectory has a sibling that writes all of it) and, for a worktree
-    (``<main>/.orch/worktrees/<id>``), the main checkout it came from."""
-    roots = [Path(os.path.abspath(workspace))]
-    for parent in roots[0].parents:
-        if parent.name == "worktrees" and parent.parent.name == ".orch":
-            roots.append(parent.parent.parent)
-            break
-    top = next((p for p in [roots[0], *roots[0].parents] if os.path.lexists(p / ".git")), None)
-    if top is not None and top != Path("/"):
-        roots.append(top)
-    with contextlib.suppress(OSError):
-        roots += [r.resolve() for r in roots]
-    return list(dict.fromkeys(roots))
-
-
-def _in(path: Path, roots: list[Path]) -> bool:
-    return any(path == r or path.is_relative_to(r) for r in roots)
-
-
-def passes_through(path: str, roots: list[Path], base: Path) -> Path | None:
-    """The first place in ``roots`` that ``path`` (relative: to ``base``) names or passes
-    through, following every symlink on the way; None when it never does."""
-    todo = list(Path(os.path.join(base, os.path.expanduser(path))).parts)
-    current = Path("/")
-    links = 0
-    while todo:
-        part = todo.pop(0)
-        if part == "/":
-            current = Path("/")
-            continue
-        if part in ("", "."):
-            continue
-        if part == "..":
-            current = current.parent
-            continue
-        step = current / part
-        if _in(step, roots):
-            return step
-        try:
-            target = os.readlink(step)
-        except OSError:  # not a link, or not there (yet): the name itself was checked
-            current = step
-            continue
-        links += 1
-        if links > _MAX_LINKS:
-            return step  # cannot be followed to its end: not provably outside
-        todo = [*Path(target).parts, *todo]
-    return None
 
 
 def _candidates(word: str) -> Iterator[str]:

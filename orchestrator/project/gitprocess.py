@@ -6,7 +6,9 @@ worktree could edit. Every git process orch starts is built by :func:`prepare` a
 :func:`run_sync` or :func:`run_async` (through :func:`orchestrator.project.git.git`,
 :func:`~orchestrator.project.git.git_sync` or :func:`~orchestrator.project.git.spawn_sync`):
 
-- **environment from scratch**: ``PATH`` (absolute entries; git by absolute path),
+- **environment from scratch**: ``PATH`` without relative entries and entries in a git
+  checkout or workspace, and git found on it by absolute path (``fs/hostprograms.py``: a
+  ``.venv/bin/git`` an agent planted never runs),
   ``HOME=/dev/null`` (no directory: nothing there to plant), ``LANG/LC_ALL=C``,
   ``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``, ``GIT_ATTR_NOSYSTEM``,
   ``GIT_TERMINAL_PROMPT=0``, ``GIT_OPTIONAL_LOCKS=0``, ``GIT_NO_REPLACE_OBJECTS``,
@@ -31,13 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrchError
+from ..fs.hostprograms import host_path, host_program
 from ..pgroups import kill_tree, reap, spawn
 
 GIT_TIMEOUT_S = 300.0
@@ -133,24 +135,19 @@ def first_line(text: str) -> str:
 # -- the environment ----------------------------------------------------------------------
 
 _user: dict[tuple[str, str], tuple[str, list[str]]] = {}
-_git_exe: list[str] = []
 # What git gets where it would want a directory: a device, below which nothing can ever be
 # made (no directory of orch's own, under an environment-chosen TMPDIR, to be rewritten).
 NO_DIR = "/dev/null"
 
 
-def _clean_path() -> str:
-    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
-    return os.pathsep.join(e for e in entries if os.path.isabs(e)) or "/usr/bin:/bin"
-
-
-def _git_executable() -> str:
-    if not _git_exe:
-        found = shutil.which("git", path=_clean_path())
-        if found is None:
-            raise OrchError("git is not installed; install git or use isolation 'shared'")
-        _git_exe.append(found)
-    return _git_exe[0]
+def _git_executable(workspace: Path | None) -> str:
+    found = host_program("git", workspace)
+    if found is None:
+        raise OrchError(
+            "git is not installed (outside every git checkout on PATH); install git or use "
+            "isolation 'shared'"
+        )
+    return found
 
 
 def _user_settings() -> tuple[str, list[str]]:
@@ -197,7 +194,7 @@ def hardened_env(
     ``user``: honour the user's global ignore file (else none: reading the user's config).
     """
     env = {
-        "PATH": _clean_path(),
+        "PATH": host_path(),
         "HOME": NO_DIR,
         "LANG": "C",
         "LC_ALL": "C",
@@ -268,7 +265,9 @@ def prepare(
         where = cwd or repo.work_tree or repo.git_dir
         if not where.is_dir():
             where = repo.git_dir
-    return GitCommand([_git_executable(), *args], env, where, args)
+    workspace = repo.main_root if repo is not None else where
+    env["PATH"] = host_path(workspace)
+    return GitCommand([_git_executable(workspace), *args], env, where, args)
 
 
 # -- running ------------------------------------------------------------------------------
