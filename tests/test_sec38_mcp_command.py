@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,3 +109,61 @@ def test_a_command_is_resolved_outside_every_workspace_or_refused(tmp_path: Path
     ready = users_server(decl("vault-mcp"), roots, {"PATH": f"{link}:{inside}:{user}:rel"})
     assert ready.command == str(user / "vault-mcp")
     assert ready.env["PATH"] == str(user)  # what the server itself finds on PATH: the user's
+
+
+def test_a_users_python_that_imports_the_checkout_is_refused(tmp_path: Path) -> None:
+    """The user's server is a console script of a venv *outside* the checkout (poetry's
+    default) with the project installed editable: a ``.pth`` names the checkout, so its
+    Python imports the agent's ``sitecustomize.py`` with the server's env (secrets). The
+    hook guard's interpreter check (``hookguard.python_refusal``) refuses it; ``-S`` (no
+    site directories) starts."""
+    repo = init_repo(tmp_path / "proj", {"README.md": "hi\n"})
+    venv = tmp_path / "poetry-venvs" / "proj-py3"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "_proj.pth").write_text(f"{repo}\n")  # what an editable install writes
+    server = venv / "bin" / "vault-mcp"
+    server.write_text(f"#!{venv}/bin/python\nprint('server ran')\n")
+    server.chmod(0o755)
+    loot = tmp_path / "loot"  # the agent writes only the checkout:
+    (repo / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['LOOT'], 'w').write(os.environ.get('VAULT_URL', '?'))\n"
+    )
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin"}  # the user's shell, that venv active
+    run_env = {**env, "LOOT": str(loot), "VAULT_URL": SECRET}
+    subprocess.run([str(server)], env=run_env, cwd="/", check=True, capture_output=True)
+    assert loot.read_text() == SECRET  # started as it is, the agent's code gets the secret
+    loot.unlink()
+    roots = workspace_roots(repo)
+    for command in ("vault-mcp", str(server), str(venv / "bin" / "python")):
+        decl = ServerDecl(command=command, env={"VAULT_URL": SECRET}, user=True)
+        with pytest.raises(OrchError) as refused:
+            users_server(decl, roots, env)
+        why = str(refused.value)
+        assert "\n" not in why and "_proj.pth" in why and "workspace" in why, command
+    python = str(venv / "bin" / "python")
+    ready = users_server(ServerDecl(command=python, args=["-S", "-c", "0"], user=True), roots, env)
+    assert ready.command == python
+
+
+def test_a_path_glued_to_an_option_is_checked(tmp_path: Path) -> None:
+    """``-I/checkout/lib`` (perl, ruby, gcc), ``-X/abs``, ``--include/abs``, a list item:
+    the path inside the word is checked as a word of its own would be."""
+    repo = init_repo(tmp_path / "proj", {"README.md": "hi\n"})
+    roots = workspace_roots(repo)
+    for arg in (
+        f"-I{repo}/lib",
+        f"-X{repo}",
+        f"--include{repo}/x",
+        f"--path=/usr/lib:{repo}/lib",
+        f"-Wl,-rpath,{repo}/lib",
+        f"-I{tmp_path}/link/lib",
+    ):
+        if arg.endswith("link/lib"):
+            (tmp_path / "link").symlink_to(repo)
+        decl = ServerDecl(command="/bin/sh", args=[arg, "-MVault", "-e1"], user=True)
+        with pytest.raises(OrchError, match="workspace an agent can write"):
+            users_server(decl, roots, {"PATH": "/usr/bin:/bin"})
+    fine = ["-I/usr/lib", "-Xfoo/bar", f"--path=/usr/lib:{tmp_path}/elsewhere", "-e1"]
+    ready = users_server(ServerDecl(command="/bin/sh", args=fine, user=True), roots, {})
+    assert ready.args == fine

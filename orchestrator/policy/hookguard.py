@@ -250,24 +250,40 @@ def interpreter_refusal(
     roots = workspaces(workspace)
     seen: set[tuple[str, bool]] = set()
     for words in _parts(command):
-        # the first word that starts a Python is the program (after any wrapper); the rest
-        # are its arguments
-        starts = next(filter(None, (_pythons(words[i:], env, cwd) for i in range(len(words)))), [])
-        for python, args in starts:
-            asked = (python, _site_runs(args))
-            if asked in seen:
-                continue
-            seen.add(asked)
-            places = probe_places(python, site_runs=asked[1], cwd=str(cwd), env=env)
-            if isinstance(places, str):
-                return f"hook refused: {command!r}: {places}; {WHERE_PYTHON}"
-            if (found := _first_inside(places, roots)) is not None:
-                place, where = found
-                return (
-                    f"hook refused: {command!r} runs {python}, which loads code from "
-                    f"{place.path} ({place.why}), in or through {where}, a workspace an "
-                    f"agent can write; {WHERE_PYTHON}"
-                )
+        if (why := python_refusal(words, roots, env, cwd, seen)) is not None:
+            return f"hook refused: {command!r}{why}; {WHERE_PYTHON}"
+    return None
+
+
+def python_refusal(
+    words: list[str],
+    roots: list[Path],
+    env: Mapping[str, str],
+    cwd: Path,
+    seen: set[tuple[str, bool]] | None = None,
+) -> str | None:
+    """Why the Python that the simple command ``words`` starts (directly, or as a script's
+    ``#!`` interpreter) may not run: ``": <the probe's error>"`` or ``" runs <python>, which
+    loads code from <place> ..."``; None when it starts none or none that loads code from
+    in or through ``roots``. (``seen``: the interpreters already asked.)"""
+    seen = set() if seen is None else seen
+    # the first word that starts a Python is the program (after any wrapper); the rest
+    # are its arguments
+    starts = next(filter(None, (_pythons(words[i:], env, cwd) for i in range(len(words)))), [])
+    for python, args in starts:
+        asked = (python, _site_runs(args))
+        if asked in seen:
+            continue
+        seen.add(asked)
+        places = probe_places(python, site_runs=asked[1], cwd=str(cwd), env=env)
+        if isinstance(places, str):
+            return f": {places}"
+        if (found := _first_inside(places, roots)) is not None:
+            place, where = found
+            return (
+                f" runs {python}, which loads code from {place.path} ({place.why}), in or "
+                f"through {where}, a workspace an agent can write"
+            )
     return None
 
 
