@@ -5,7 +5,8 @@ agent file's ``mcpServers``.
 "url", "headers"}}}``. The project's file is read from the user's checkout (where the
 catalog comes from, never from a run's workspace), through ``safefs`` (no link followed,
 capped); on a name clash the project's entry wins over ``~/.orch/mcp.json``, as Claude Code's
-project scope wins over its user scope. A file that cannot be read or parsed, or a bad
+project scope wins over its user scope (the catalog leaves it out for the user's until the
+repository is trusted: ``catalog/shadow.py``). A file that cannot be read or parsed, or a bad
 entry, is one line naming the file and what to fix; an unknown key is a warning. Nothing
 here starts anything: a declared stdio server runs only inside a run's sandbox
 (``servers.py``), so a repository's file needs no trust. ``${VAR}`` is not expanded: values
