@@ -253,7 +253,7 @@ def test_a_warm_process_that_cannot_start_is_not_tried_again(
     monkeypatch.setattr(warmserve, "preload", broken)
     k = warmhome.warm_key()
     lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
-    warmserve.serve(k, lock, list(sys.path))  # returns: nothing is served
+    warmserve.serve(k, lock, list(sys.path), [])  # returns: nothing is served
     os.close(lock)
     where = tmp_path / ".orch" / "warm"
     assert "anthropic" in (where / f"{k}.failed").read_text()

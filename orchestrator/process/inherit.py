@@ -93,13 +93,40 @@ def _kernel() -> list[object]:
         return ["?"]
 
 
+# The flags orch starts its own helpers with (``-I``: process/interpreter.py): a helper's
+# are orch's choice, not something its caller passes on (the search path, which they
+# change, is a part of the key of its own)
+HELPER_FLAGS = ("isolated", "ignore_environment", "no_user_site", "safe_path")
+
+
+CALLER_FLAGS: list[list[object]] = []  # in the warm process: its callers' flags
+
+
+def _flags() -> list[object]:
+    """The interpreter's flags as a caller's key counts them: in the warm process (and what
+    it forks), the flags of the callers it serves, whose ``-I``-less interpreter read the
+    environment's ``PYTHON*`` variables that the warm process's did not."""
+    if CALLER_FLAGS:
+        return CALLER_FLAGS[0]
+    return [
+        getattr(sys.flags, name)
+        for name in dir(sys.flags)
+        if not name.startswith("_") and name not in HELPER_FLAGS and name not in ("count", "index")
+    ]
+
+
+def caller_flags() -> str:
+    """This interpreter's flags as :func:`_flags` counts them, for the warm process."""
+    return json.dumps(_flags())
+
+
 def inheritance(env: Mapping[str, str], *, search_path: bool = True) -> list[object]:
     """Everything a process started with ``env`` from this one inherits: the environment
     (less the volatile names), the umask, the interpreter and its flags, its module search
     path (``search_path``: a warm process takes its caller's; a worker host, started in
     any project, imports orch from its code alone), orch's code, what is installed and
     what the kernel passes on."""
-    flags = [list(sys.flags), sorted(map(str, sys._xoptions.items()))]
+    flags = [_flags(), sorted(map(str, sys._xoptions.items()))]
     interpreter = [sys.executable, sys.path if search_path else None, flags]
     env_items = sorted(comparable_env(env).items())
     return [env_items, umask(), interpreter, code(), installed(), _kernel()]

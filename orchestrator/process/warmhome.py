@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .inherit import VOLATILE_ENV, inheritance, key
+from .inherit import VOLATILE_ENV, caller_flags, inheritance, key
 from .unixsock import connect, peer
 
-__all__ = ["VOLATILE_ENV", "idle_seconds", "owner", "warm_dir", "warm_key"]
+__all__ = ["VOLATILE_ENV", "caller_flags", "idle_seconds", "owner", "warm_dir", "warm_key"]
 
 IDLE_DEFAULT_S = 60.0
 FAILED_FOR_S = 24 * 3600.0  # one that could not start is not tried again for a day
@@ -24,8 +24,15 @@ def idle_seconds() -> float:
         return IDLE_DEFAULT_S
 
 
+SERVED: list[str] = []  # in the warm process (and the commands it forks): the key it serves
+
+
 def warm_key() -> str:
-    """The digest of everything a command inherits from the process that runs it."""
+    """The digest of everything a command inherits from the process that runs it. A
+    command forked by the warm process answers the key that warm process serves: its own
+    interpreter was started isolated (``-I``, orch's path), which is not what a caller has."""
+    if SERVED:
+        return SERVED[0]
     return key(inheritance(os.environ), 20)
 
 

@@ -66,9 +66,10 @@ def _start(key_: str, lock_fd: int, env: dict[bytes, bytes]) -> None:
     import subprocess
 
     from ..process.interpreter import helper_argv, helper_path  # isolated: -I
+    from ..process.warmhome import caller_flags
 
     path = json.dumps(helper_path())
-    argv = helper_argv("orchestrator.warm.server", key_, str(lock_fd), path)
+    argv = helper_argv("orchestrator.warm.server", key_, str(lock_fd), path, caller_flags())
     with contextlib.suppress(OSError):
         subprocess.Popen(
             argv,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..process.inherit import VOLATILE_ENV, inherited
+from ..process.inherit import CALLER_FLAGS, VOLATILE_ENV, inherited
 from ..process.unixsock import (
     Unproven,
     answer,
@@ -43,7 +43,7 @@ from ..process.unixsock import (
     send,
     unlink_if_ours,
 )
-from ..process.warmhome import idle_seconds, warm_dir
+from ..process.warmhome import SERVED, idle_seconds, warm_dir
 from .client import MAX_MESSAGE, RELAYED
 
 ACCEPT_TIMEOUT_S = 2.0  # a caller sends its command right after connecting
@@ -406,8 +406,9 @@ def _hung_up(conn: socket.socket) -> bool:
         conn.settimeout(timeout)
 
 
-def serve(key: str, lock_fd: int, path: list[str]) -> None:
-    """Run a warm process for ``key`` holding ``lock_fd`` until it has been idle long enough."""
+def serve(key: str, lock_fd: int, path: list[str], callers: list[object]) -> None:
+    """Run a warm process for ``key`` holding ``lock_fd`` until it has been idle long enough
+    (``path``: its callers' module search path; ``callers``: their interpreter's flags)."""
     sys.path[:] = path
     env = dict(os.environb)  # as started, before any import: what the callers' digest names
     where = warm_dir()
@@ -435,9 +436,13 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
     gc.freeze()  # the forked children do not dirty the preloaded objects' pages
     sock_path = where / f"{key}.sock"
     listener, ino = listen(sock_path, 64)  # (one left by a dead one goes: we hold the lock)
+    SERVED[:] = [key]  # what the commands it forks answer for a key (warmhome.warm_key)
+    CALLER_FLAGS[:] = [callers]
     try:
         Server(listener, sock_path, ino, lock_fd, env).loop()
     finally:
+        SERVED.clear()
+        CALLER_FLAGS.clear()
         unlink_if_ours(sock_path, ino)  # (a later one's socket, after `rm -rf ~/.orch`, stays)
         listener.close()
         os.close(lock_fd)
@@ -445,4 +450,4 @@ def serve(key: str, lock_fd: int, path: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]))
+    serve(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4]))
