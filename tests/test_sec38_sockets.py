@@ -243,16 +243,14 @@ def test_no_orch_socket_is_reachable_from_any_sandbox(
     from tests.support import harness, sandbox_image, tool_results
 
     repo, found, planted = targets
-    extra: dict[str, object] = {}
-    if tier == "container":
-        extra["sandbox"] = SandboxSettings(image=sandbox_image())
+    sandbox = SandboxSettings(image=sandbox_image()) if tier == "container" else SandboxSettings()
     socket_key()  # (made on first use: here, it is there to be read)
     key = private_root() / "socket.key"
     command = f"python3 -c {shlex.quote(PROBE)} {shlex.quote(json.dumps(found))} {key}"
     script = {"conversations": [{"turns": [
         {"tool_calls": [{"tool": "bash", "input": {"command": command}}]}, {"text": "ok"},
     ]}]}  # fmt: skip
-    h = harness(repo, script, network=NETWORKS[network], **extra)
+    h = harness(repo, script, network=NETWORKS[network], sandbox=sandbox)
     root = h.run(isolation=tier)
     assert root.status == RunStatus.SUCCEEDED, root.error
     [said] = [r["content"] for r in tool_results(h.requests_of(root.run_id)[1])]
@@ -324,7 +322,7 @@ def test_a_listener_at_the_worker_host_socket_gets_no_environment(tmp_path: Path
     full = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")} | env
     key = subprocess.run([sys.executable, "-c", code], env=full, cwd=project,
                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    assert key and host_key  # (imported: the same function)
+    assert key and callable(host_key)  # (imported: the same function)
     sock, lock = paths(state_dir(project), key)
     planted = Planted(sock, b"00" * 16 + b" " + b"ab" * 32 + b"\n")
     lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # the impostor holds the lock too
