@@ -17,7 +17,7 @@ from ..config import Settings, load_settings_with_trust
 from ..egress.rules import AllowList, NetworkSetting, Reach, parse_setting
 from ..errors import OrchError
 from ..trust import AgentFloor, Trust, TrustCap, theirs_dirs
-from .owner import Owners, found_in
+from .owner import Owners, first_of_each_name
 
 if TYPE_CHECKING:
     from .definitions import AgentDefinition, Catalog
@@ -170,19 +170,8 @@ def _by_name(
     from .definitions import parse_agent
 
     found: dict[str, list[tuple[Path, AgentDefinition]]] = {}
-    seen: set[Path] = set()
-    for directory in dirs:
-        if not directory.is_dir() or directory.resolve() in seen:
-            continue
-        loaded = found_in("agents", directory, owners, parse_agent, [], bundled)
-        if loaded is None:
-            continue
-        seen.add(directory.resolve())
-        here: set[str] = set()
-        for path, d in loaded:
-            if d.name not in here:
-                here.add(d.name)
-                found.setdefault(d.name, []).append((path, d))
+    for path, d in first_of_each_name("agents", dirs, owners, parse_agent, bundled):
+        found.setdefault(d.name, []).append((path, d))
     return found
 
 

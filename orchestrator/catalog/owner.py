@@ -232,3 +232,30 @@ def found_in(
             continue
         out.append((path, d.model_copy(update={"repository": True}) if mine else d))
     return out
+
+
+def first_of_each_name(
+    kind: Literal["agents", "skills"],
+    dirs: Iterable[Path],
+    owners: Owners,
+    parse: Callable[[str, Path, str | None], _D],
+    bundled: Path | None = None,
+) -> list[tuple[Path, _D]]:
+    """Each directory in the catalog's order, once, and in it the first file of each name
+    (a file that does not load, or a directory that may not be read: the catalog reports
+    it). Trust floors compare what these give with what the catalog kept."""
+    out: list[tuple[Path, _D]] = []
+    seen: set[Path] = set()
+    for directory in dirs:
+        if not directory.is_dir() or directory.resolve() in seen:
+            continue
+        loaded = found_in(kind, directory, owners, parse, [], bundled)
+        if loaded is None:
+            continue
+        seen.add(directory.resolve())
+        here: set[str] = set()
+        for path, d in loaded:
+            if d.name not in here:
+                here.add(d.name)
+                out.append((path, d))
+    return out

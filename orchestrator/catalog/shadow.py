@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar
 
 from ..trust import AgentFloor, Trust
-from .owner import Owners, found_in
+from .owner import Owners, first_of_each_name
 
 if TYPE_CHECKING:
     from ..mcpclient.declared import Declared, ServerDecl
@@ -100,21 +100,7 @@ def every_skill(
 ) -> list[tuple[Path, S]]:
     """Each directory's skills in the catalog's order (the first file of a name in a
     directory; a file that does not load: the catalog reports it)."""
-    out: list[tuple[Path, S]] = []
-    seen: set[Path] = set()
-    for directory in dirs:
-        if not directory.is_dir() or directory.resolve() in seen:
-            continue
-        loaded = found_in("skills", directory, owners, parse, [], bundled)
-        if loaded is None:
-            continue
-        seen.add(directory.resolve())
-        here: set[str] = set()
-        for path, d in loaded:
-            if d.name not in here:
-                here.add(d.name)
-                out.append((path, d))
-    return out
+    return first_of_each_name("skills", dirs, owners, parse, bundled)
 
 
 def skill_clashes(
