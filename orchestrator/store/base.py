@@ -89,6 +89,11 @@ class StoreError(OrchError):
     user, naming where the store is without any password."""
 
 
+class StoreUnreachable(StoreError):
+    """The store is away for now (a server down or restarting, a file held locked): what
+    a dialect's ``transient`` says of a driver's error, in one line."""
+
+
 @dataclass(frozen=True)
 class ChainUsage:
     runs: int  # every run of the chain, ended ones included

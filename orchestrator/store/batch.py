@@ -21,6 +21,14 @@ Without a running event loop in the calling thread (a command's synchronous code
 worker thread) a write is made at once, after what is queued, and its failure is the
 caller's. A queued write that fails is logged and dropped: it is progress, never a
 result or the user's work, and what failed with it is tried again on its own.
+
+When the store is away (a failure its dialect calls ``transient``: a Postgres server
+restarting, a SQLite file held locked), nothing is dropped: the queue is kept in order
+(:class:`Outage`; past ``limit`` steps the oldest progress goes, said once, an ending
+never) and tried again from the event loop with backoff (``RETRY_FIRST_S`` doubling to
+``RETRY_MAX_S``). The outage is said in one line when it starts and one when the store
+answers, and each run whose writes waited gets a ``store_unreachable`` and a
+``store_back`` event then.
 """
 
 from __future__ import annotations
@@ -28,8 +36,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..run import RunRecord
@@ -39,6 +49,9 @@ log = logging.getLogger(__name__)
 # how long the queue gathers after its first write: a child's spawn runs four loop turns
 # in its first millisecond, each with writes, and a fan-out's turns follow one another
 GATHER_S = 0.002
+OUTAGE_QUEUE = 5000  # steps kept while the store is away (``store_outage_queue``)
+RETRY_FIRST_S = 0.1  # the first try again after a transient failure, doubling to:
+RETRY_MAX_S = 5.0
 
 Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]  # as ``sql.Query``
 
@@ -68,6 +81,30 @@ class Unit:
 
 
 Step = Callable[[Unit], None]
+Transient = Callable[[BaseException], bool]  # the store is away (not a refusal of the write)
+Event = Callable[[str, str, dict[str, Any]], Step]  # (run_id, kind, data) -> its insert
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A queued step, the run it writes for ("" for none), and whether it is a run's
+    ending (never dropped by the bound)."""
+
+    run_id: str
+    step: Step
+    ending: bool = False
+
+
+@dataclass
+class Outage:
+    """The store is away: since when, what waited for it, when to try again."""
+
+    since: float  # epoch seconds
+    kept: int  # writes that waited
+    runs: set[str] = field(default_factory=set)
+    delay: float = RETRY_FIRST_S
+    next_try: float = 0.0  # monotonic
+    dropped: int = 0  # oldest progress dropped past the bound
 
 
 def statement(sql: str, args: Sequence[Any]) -> Step:
@@ -89,19 +126,30 @@ class WriteBehind:
         save: Save,
         progress_commit: str = "",
         reload: Load | None = None,
+        *,
+        transient: Transient = lambda _e: False,
+        event: Event | None = None,
+        where: str = "",
+        limit: int = OUTAGE_QUEUE,
     ) -> None:
         self._transaction = transaction
         self._load = load  # a run as this process knows it (``Again`` if out of date)
         self._reload = reload or load  # a run as the store has it
         self._save = save
         self._progress_commit = progress_commit  # first in a transaction of progress only
-        self._pending: list[Step] = []
+        self._transient = transient
+        self._event = event
+        self._where = where
+        self.limit = limit
+        self._pending: list[Queued] = []
         self._lock = threading.RLock()
         # the loop a flush is scheduled on (one at a time: what a write or a read takes in
         # first does not schedule another; a loop closed before its turn ended is replaced)
         self._scheduled: asyncio.AbstractEventLoop | None = None
+        self.outage: Outage | None = None  # the store is away (see the module's doc)
+        self._retrying: asyncio.TimerHandle | None = None
 
-    def add(self, step: Step) -> None:
+    def add(self, step: Step, run_id: str = "", *, ending: bool = False) -> None:
         """Queue ``step`` for the next group's transaction (``GATHER_S`` after the first);
         with no running loop in this thread, write it (and what is queued) now."""
         try:
@@ -109,7 +157,14 @@ class WriteBehind:
         except RuntimeError:
             loop = None
         with self._lock:
-            self._pending.append(step)
+            self._pending.append(Queued(run_id, step, ending))
+            if self.outage is not None:  # waits with the rest; the retry is scheduled
+                self.outage.kept += 1
+                self.outage.runs.add(run_id)
+                self._bound()
+                if loop is not None:
+                    self._retry_later(loop)
+                return
             if loop is None:  # written now, after what is queued; its failure is the caller's
                 self._pending.pop()
                 self.flush()
@@ -118,28 +173,130 @@ class WriteBehind:
                 self._scheduled = loop
                 loop.call_later(GATHER_S, self._gathered, loop)
 
+    def pending_endings(self) -> list[str]:
+        """The runs whose ending waits in the queue (the store is away)."""
+        with self._lock:
+            return [q.run_id for q in self._pending if q.ending]
+
     def _gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             if self._scheduled is loop:
                 self._scheduled = None
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, *, now: bool = False) -> None:
         """Write what is queued, in one transaction (when the group has gathered, or before
         any other statement of the store); what fails is tried step by step, and a step that
-        fails alone is logged and dropped: progress never fails a caller's own statement."""
+        fails alone is logged and dropped: progress never fails a caller's own statement.
+        While the store is away, only once its next try is due (or ``now``)."""
         with self._lock:
-            steps, self._pending = self._pending, []
-            if not steps:
+            if not self._pending:
                 return
+            if not now and self.outage is not None and time.monotonic() < self.outage.next_try:
+                return
+            queued, self._pending = self._pending, []
             try:
-                self._apply(steps)
-            except Exception:
-                for step in steps:
+                self._apply([q.step for q in queued])
+            except Exception as e:
+                if self._transient(e):
+                    self._keep(queued)
+                    return
+                for i, one in enumerate(queued):
                     try:
-                        self._apply([step])
-                    except Exception as e:  # progress only: said, not raised
+                        self._apply([one.step])
+                    except Exception as e:
+                        if self._transient(e):
+                            self._keep(queued[i:])
+                            return
                         log.warning("orch: a progress write was dropped: %s", e)
+            self._back()
+
+    def _keep(self, queued: list[Queued]) -> None:
+        """The store is away: keep ``queued`` first in the queue, try again later."""
+        self._pending[:0] = queued
+        outage = self.outage
+        if outage is None:
+            outage = self.outage = Outage(since=time.time(), kept=len(self._pending))
+            outage.runs.update(q.run_id for q in self._pending)
+            log.warning(
+                "orch: the store at %s is unreachable; keeping %d writes until it answers",
+                self._where,
+                len(self._pending),
+            )
+        else:
+            outage.delay = min(outage.delay * 2, RETRY_MAX_S)
+        outage.next_try = time.monotonic() + outage.delay
+        self._bound()
+        try:
+            self._retry_later(asyncio.get_running_loop())
+        except RuntimeError:  # no loop here: the next statement of the store tries again
+            pass
+
+    def _bound(self) -> None:
+        """Past ``limit`` kept steps, the oldest progress goes (said once an outage)."""
+        outage = self.outage
+        over = len(self._pending) - self.limit
+        if outage is None or over <= 0:
+            return
+        kept: list[Queued] = []
+        for q in self._pending:
+            if over > 0 and not q.ending:
+                over -= 1
+                outage.dropped += 1
+                if outage.dropped == 1:
+                    log.warning(
+                        "orch: the store at %s is still unreachable; past %d writes kept, "
+                        "the oldest progress is dropped",
+                        self._where,
+                        self.limit,
+                    )
+                continue
+            kept.append(q)
+        self._pending = kept
+
+    def _retry_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.outage is None or (self._retrying is not None and not self._retrying.cancelled()):
+            return
+        delay = max(0.0, self.outage.next_try - time.monotonic())
+        self._retrying = loop.call_later(delay, self._retry, loop)
+
+    def _retry(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._retrying = None
+            self.flush(now=True)
+            if self.outage is not None and not loop.is_closed():
+                self._retry_later(loop)
+
+    def _back(self) -> None:
+        """The store answers again: say so once, and write the outage in each waiting
+        run's events."""
+        outage, self.outage = self.outage, None
+        if outage is None:
+            return
+        if self._retrying is not None:
+            self._retrying.cancel()
+            self._retrying = None
+        until = time.time()
+        log.warning(
+            "orch: the store at %s answers again; %d writes that waited were written "
+            "(unreachable %.1f s)",
+            self._where,
+            outage.kept - outage.dropped,
+            until - outage.since,
+        )
+        if self._event is None:
+            return
+        data = {"since": outage.since, "until": until, "kept": outage.kept}
+        data["dropped"] = outage.dropped
+        steps = [
+            self._event(run_id, kind, data)
+            for run_id in sorted(r for r in outage.runs if r)
+            for kind in ("store_unreachable", "store_back")
+        ]
+        try:
+            self._apply(steps)
+        except Exception as e:  # said, not raised: the writes themselves are in
+            log.warning("orch: the store outage could not be written in the runs' events: %s", e)
 
     @contextmanager
     def joined(self) -> Iterator[Query]:
@@ -149,19 +306,25 @@ class WriteBehind:
         caller's own statements, never asynchronous); if it fails, each step is
         tried under one of its own and a failing one is logged and dropped. The caller's
         statements follow, and its failure is its own: the transaction is rolled back and
-        the queue, untouched by it, is written on its own before the error goes on."""
+        the queue, untouched by it, is written on its own before the error goes on (kept,
+        if the store is away)."""
         with self._lock:
-            steps, self._pending = self._pending, []
+            queued, self._pending = self._pending, []
             try:
                 with self._transaction() as q:
-                    if steps:
-                        self._within(q, steps)
+                    if queued:
+                        self._within(q, [one.step for one in queued])
                     yield q
-            except BaseException:
-                if steps:
-                    self._pending[:0] = steps
-                    self.flush()
+            except BaseException as e:
+                if queued:
+                    if isinstance(e, Exception) and self._transient(e):
+                        self._keep(queued)
+                    else:
+                        self._pending[:0] = queued
+                        self.flush()
                 raise
+            if queued:
+                self._back()
 
     def _within(self, q: Query, steps: list[Step]) -> None:
         q("SAVEPOINT behind", ())
@@ -174,6 +337,8 @@ class WriteBehind:
                 try:
                     self._unit(q, [step])
                 except Exception as e:  # progress only: said, not raised
+                    if self._transient(e):
+                        raise  # the whole transaction fails: the queue is kept
                     q("ROLLBACK TO SAVEPOINT step", ())
                     log.warning("orch: a progress write was dropped: %s", e)
                 q("RELEASE SAVEPOINT step", ())

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..storeurl import endpoint, local_paths, redact, scrub
-from .base import StoreError
+from .base import StoreError, StoreUnreachable
 from .schema import Types, tables
 from .sql import Query, Row, SqlStore, Written
 
@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     import psycopg
 
 CONNECT_TIMEOUT_S = 10
+# SQLSTATE classes of a server away for now: connection exception, operator intervention
+# (an admin shutdown, a server starting), insufficient resources (too many connections)
+AWAY_CLASSES = ("08", "57", "53")
 MISSING_DRIVER = (
     "the run store is a Postgres URL but psycopg is not installed; "
     "run `pip install 'orch[postgres]'` (or unset ORCH_STORE / `store` to use SQLite)"
@@ -140,6 +143,16 @@ class PostgresDialect:
     def describe(self) -> str:
         return self._where
 
+    def transient(self, error: BaseException) -> bool:
+        """A server away for now: no connection, or one closed or refused by the server
+        (a restart's admin shutdown), never a statement it refused."""
+        if isinstance(error, StoreUnreachable):
+            return True
+        if not isinstance(error, self._psycopg.OperationalError):
+            return False
+        state = getattr(error, "sqlstate", None)
+        return state is None or state[:2] in AWAY_CLASSES
+
     def paths(self) -> tuple[Path, ...]:
         """The server's Unix-socket directories and the client's password and key files the
         URL names (none over TCP with a password in the URL)."""
@@ -170,7 +183,7 @@ class PostgresDialect:
                 application_name="orch",
             )
         except pg.Error as e:
-            raise StoreError(
+            raise (StoreUnreachable if self.transient(e) else StoreError)(
                 f"cannot connect to the Postgres run store at {self._endpoint} "
                 f"({self._reason(e)}); check that the server runs and the URL in "
                 "ORCH_STORE or `store` in orch.toml"
@@ -231,7 +244,9 @@ class PostgresDialect:
             conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
             if conn is not None and (conn.closed or conn.broken):
                 self.close()  # the next call reconnects
-            raise StoreError(self._failure(e)) from None
+            raise (StoreUnreachable if self.transient(e) else StoreError)(
+                self._failure(e)
+            ) from None
 
     @contextmanager
     def transaction(self) -> Iterator[Query]:

@@ -19,70 +19,25 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
 from .base import ChainFull, ChainRoom, ChainUsage, Endings, bound_transcript
-from .batch import WriteBehind, statement
+from .batch import Step, WriteBehind, statement
+from .dialect import Dialect as Dialect
+from .dialect import Query as Query
+from .dialect import Row as Row
+from .dialect import Written as Written
 from .known import Known, Stale
 
 RECENT_ACTIVITIES = 5
 LIKE_ESCAPE = "\\"
 LIVE = "status IN ('queued', 'running')"
 BATCH = 500  # ids per IN (...) when walking a tree (SQLite allows 32766 variables)
-
-Row = tuple[Any, ...]
-Query = Callable[[str, Sequence[Any]], list[Row]]  # a statement in an open transaction
-
-
-@dataclass(frozen=True)
-class Written:
-    rows: list[Row]  # what a RETURNING clause gave
-    count: int  # rows the statement changed
-
-
-class Dialect(Protocol):
-    """What differs between SQL backends (see the module doc). SQL is written with ``?``."""
-
-    holds_nul: bool  # can a text column hold "\x00" (else no id with one is in the store)
-    usage_columns: bool  # runs.tokens and runs.cost_usd kept (the record's usage)
-    chain_tokens: str  # SQL: the sum of a chain's tokens (Usage.tokens), over its rows of runs
-    chain_usd: str  # SQL: the sum of a chain's dollars (Usage.cost_usd), over its rows of runs
-    insert_event: str  # (run_id, at, kind, data) -> one row: the new id, in order within a run
-    heartbeat: str  # (at, *run_ids) with ``{ids}`` for their marks: a progress write
-    progress_commit: str  # first in a transaction of progress only: it may commit async ("")
-    lock_chain: str  # (chain_id,) -> held to the commit ("": a write holds the database's)
-
-    def describe(self) -> str: ...
-
-    def paths(self) -> tuple[Path, ...]: ...
-
-    def close(self) -> None: ...
-
-    def read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        """The rows of one query (committed data)."""
-        ...
-
-    def write(self, sql: str, args: Sequence[Any] = ()) -> Written:
-        """One statement, in a transaction of its own."""
-        ...
-
-    def transaction(self) -> AbstractContextManager[Query]:
-        """One transaction for a read-modify-write (rolled back on any exception)."""
-        ...
-
-    def lock_run(self) -> str:
-        """SQL: ``data`` of run ``?``, its row held to the end of the transaction."""
-        ...
-
-    def dump_output(self, text: str) -> str: ...
-
-    def load_output(self, stored: str) -> str: ...
 
 
 def marks(items: Sequence[Any]) -> str:
@@ -114,6 +69,9 @@ class SqlStore(Endings):
             self._save,
             dialect.progress_commit,
             reload=self._load,
+            transient=dialect.transient,
+            event=self._event,
+            where=dialect.describe(),
         )
 
     # every statement of the store writes the queued progress first: this process reads
@@ -126,7 +84,7 @@ class SqlStore(Endings):
         return self.dialect.read(sql, args)
 
     def _write(self, sql: str, args: Sequence[Any] = ()) -> Written:
-        self._behind.flush()
+        self._behind.flush(now=True)  # after what waits, even while the store is away
         return self.dialect.write(sql, args)
 
     def describe(self) -> str:
@@ -253,11 +211,11 @@ class SqlStore(Endings):
     def note_activity(self, run_id: str, tool: str, activity: str, **fields: Any) -> None:
         """Progress write for one tool call: last/recent activity plus counters."""
         act = Activity(tool=tool, summary=activity[:200], at=now())
-        self._behind.add(lambda unit: _noted(unit.run(run_id), act, fields))
+        self._behind.add(lambda unit: _noted(unit.run(run_id), act, fields), run_id)
 
     def patch_run(self, run_id: str, **fields: Any) -> None:
         """Set fields of a run with this loop turn's progress (no answer; no-op if absent)."""
-        self._behind.add(lambda unit: _noted(unit.run(run_id), None, fields))
+        self._behind.add(lambda unit: _noted(unit.run(run_id), None, fields), run_id)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         if self._absent(run_id):
@@ -395,8 +353,11 @@ class SqlStore(Endings):
 
     # -- events -------------------------------------------------------------------
     def add_event(self, run_id: str, kind: str, data: dict[str, Any] | None = None) -> None:
-        row = (run_id, now(), kind, json.dumps(data or {}, default=str))
-        self._behind.add(statement(self.dialect.insert_event, row))
+        self._behind.add(self._event(run_id, kind, data or {}), run_id)
+
+    def _event(self, run_id: str, kind: str, data: dict[str, Any]) -> Step:
+        row = (run_id, now(), kind, json.dumps(data, default=str))
+        return statement(self.dialect.insert_event, row)
 
     def events(self, run_id: str, after_id: int = 0) -> list[dict[str, Any]]:
         if self._absent(run_id):
@@ -435,7 +396,8 @@ class SqlStore(Endings):
                 " saved_at = excluded.saved_at, truncated = excluded.truncated,"
                 " messages = excluded.messages",
                 row,
-            )
+            ),
+            run_id,
         )
 
     def transcript(self, run_id: str) -> list[dict[str, Any]] | None:
@@ -464,12 +426,13 @@ class SqlStore(Endings):
                 " run_id = excluded.run_id, owner_pid = excluded.owner_pid,"
                 " created_at = excluded.created_at",
                 row,
-            )
+            ),
+            run_id,
         )
 
     def release_resource(self, run_id: str, kind: str, ref: str) -> None:
         sql = "DELETE FROM resources WHERE kind = ? AND ref = ?"
-        self._behind.add(statement(sql, (kind, ref)))
+        self._behind.add(statement(sql, (kind, ref)), run_id)
 
     def resources(self, run_id: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT run_id, kind, ref, owner_pid, created_at FROM resources"

@@ -42,6 +42,9 @@ TOKEN_KINDS = (
     "cache_read_input_tokens",
 )
 DB_FILE = "orch.db"
+# what SQLite says when the file is away for now: held by another process past the busy
+# timeout, a disk error, a full disk, a file that cannot be opened (a remount)
+AWAY = ("locked", "busy", "disk i/o error", "disk is full", "unable to open")
 DB_MODE = 0o600
 
 
@@ -108,6 +111,11 @@ class SqliteDialect:
 
     def describe(self) -> str:
         return str(self.path)
+
+    def transient(self, error: BaseException) -> bool:
+        """The file is away for now (see :data:`AWAY`), not a statement refused."""
+        text = str(error).lower()
+        return isinstance(error, sqlite3.OperationalError) and any(w in text for w in AWAY)
 
     def paths(self) -> tuple[Path, ...]:
         """The database's directory (its ``-wal``, ``-shm``, ``-journal`` files too) and file."""
