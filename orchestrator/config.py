@@ -357,6 +357,11 @@ class Settings(BaseModel):
     # The worker host of detached runs exits this long after its last run ended (0: at once);
     # ORCH_HOST_IDLE overrides it.
     host_idle_seconds: float = Field(default=60.0, ge=0, json_schema_extra=LIMIT)
+    # While the run store is away (a server restarting, a file held locked), a process keeps
+    # up to store_outage_queue writes in order and waits up to store_outage_s before it
+    # exits with a run's ending unwritten (then kept in the state dir's endings.jsonl).
+    store_outage_s: float = Field(default=300.0, ge=0, json_schema_extra=LIMIT)
+    store_outage_queue: int = Field(default=5000, ge=100, json_schema_extra=LIMIT)
     # What a run's commands reach: "none" (default), "host" (the machine's network) or
     # {allow = ["pypi.org", "*.github.com", "127.0.0.1:8080"]} through orch's egress proxy
     # (egress/rules.py). A repository's orch.toml may narrow it; widening needs trust.

@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from orchestrator.catalog.definitions import load_catalog
+from orchestrator.config import Settings
+from orchestrator.engine.runner import Runner
+from orchestrator.models import ModelProvider, ScriptedModel
 from orchestrator.run import RunRecord, RunStatus
-from orchestrator.store import SqliteStore
+from orchestrator.spec import RunSpec
+from orchestrator.store import SqliteStore, open_url
 from orchestrator.store.base import RunStore
+from orchestrator.store.journal import JOURNAL
 from tests.pgserver import PgServer
+from tests.support import RUN_DEADLINE_S, orch
 
 DOWN_S = 2.0
 
@@ -177,3 +185,107 @@ def test_progress_waits_while_another_process_holds_the_sqlite_file(
     assert not any("dropped" in m for m in said), said
     _check(store, ids, n)
     store.close()
+
+
+def _slow_ending(answer: str) -> dict[str, Any]:
+    """A run that calls a tool, then thinks ``ENDING_S`` before it answers."""
+    turns = [
+        {"tool_calls": [{"tool": "glob", "input": {"pattern": "src/*.py"}}]},
+        {"expect_result": "app.py", "latency_s": ENDING_S, "text": answer},
+    ]
+    return {"conversations": [{"depth": 0, "turns": turns}]}
+
+
+ENDING_S = 1.5  # the run's last turn: the store goes away in it
+
+
+def _runner(root: Path, url: str, script: dict[str, Any], **settings: Any) -> Runner:
+    from orchestrator.store.postgres import PostgresStore
+
+    model = ScriptedModel.from_yaml(yaml.safe_dump(script), "test-script")
+    cfg = Settings(**settings)
+    store = PostgresStore(url)
+    return Runner(
+        settings=cfg,
+        store=store,
+        catalog=load_catalog(root, agents_dirs=[]),
+        models=ModelProvider(cfg, scripted=model),
+    )
+
+
+def _ran_through(
+    server: PgServer, runner: Runner, root: Path, down_s: float
+) -> tuple[RunRecord, float]:
+    """Run to its end while the server goes away in its last turn for ``down_s``; the
+    record the run answered and how long the server was down."""
+    spec = RunSpec(prompt="look", workdir=root)
+    down = [0.0]
+
+    async def play() -> RunRecord:
+        job = asyncio.create_task(runner.run(spec))
+        await asyncio.sleep(0.5)  # in its last turn
+        t0 = time.monotonic()
+        await asyncio.to_thread(pg_down, server)
+        try:
+            done, _ = await asyncio.wait({job}, timeout=down_s)
+        finally:
+            await asyncio.to_thread(pg_up, server)
+            down[0] = time.monotonic() - t0
+        return await job
+
+    try:
+        record = asyncio.run(asyncio.wait_for(play(), RUN_DEADLINE_S))
+    finally:
+        _ensure_up(server)
+    return record, down[0]
+
+
+def _ensure_up(server: PgServer) -> None:
+    ctl = [*server.prefix, str(server.bindir / "pg_ctl"), "status", "-D", str(server.data)]
+    if subprocess.run(ctl, capture_output=True).returncode:
+        pg_up(server)  # never leave the session's server down
+
+
+@pytest.mark.postgres
+def test_a_run_that_ends_while_postgres_restarts_ends_succeeded(
+    pg_server: PgServer, pg_url: str, project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = _runner(project, pg_url, _slow_ending("ENDED-THROUGH-OUTAGE"))
+    with caplog.at_level(logging.WARNING):
+        record, down = _ran_through(pg_server, runner, project, DOWN_S)
+    assert down >= DOWN_S
+    assert record.status == RunStatus.SUCCEEDED, record.error
+    store = runner.store
+    stored = store.require_run(record.run_id)
+    assert stored.status == RunStatus.SUCCEEDED, stored.error
+    assert store.output(record.run_id) == "ENDED-THROUGH-OUTAGE"
+    kinds = [e["kind"] for e in store.events(record.run_id)]
+    assert kinds.count("run_finished") == 1, kinds
+    assert kinds.count("store_unreachable") == 1 and kinds.count("store_back") == 1, kinds
+    assert "tool_call" in kinds and "tool_result" in kinds, kinds
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("is unreachable; keeping" in m for m in said) == 1, said
+    assert not any("dropped" in m or "could not be recorded" in m for m in said), said
+    store.close()
+
+
+@pytest.mark.postgres
+def test_an_ending_past_store_outage_s_is_journaled_and_written_by_the_next_command(
+    pg_server: PgServer, pg_url: str, project: Path
+) -> None:
+    runner = _runner(project, pg_url, _slow_ending("ENDED-INTO-JOURNAL"), store_outage_s=0.5)
+    record, _ = _ran_through(pg_server, runner, project, DOWN_S + 1)
+    assert record.status == RunStatus.SUCCEEDED  # as the process knew it
+    journal = project / ".orch" / JOURNAL
+    assert journal.exists() and journal.stat().st_mode & 0o777 == 0o600
+    assert record.run_id in journal.read_text()
+    runner.store.close()
+    r = orch("ps", "--all", cwd=project, env={"ORCH_STORE": pg_url})
+    assert r.returncode == 0, r.stderr
+    check = open_url(pg_url)
+    stored = check.require_run(record.run_id)
+    assert stored.status == RunStatus.SUCCEEDED, stored.error  # not reconcile's interrupted
+    assert check.output(record.run_id) == "ENDED-INTO-JOURNAL"
+    assert [e["kind"] for e in check.events(record.run_id)].count("run_finished") == 1
+    assert journal.read_text() == ""
+    check.close()

@@ -43,6 +43,7 @@ from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..spec import Launch, RunSpec
 from ..store import ChainFull, RunStore, store_paths
+from ..store.journal import outlast
 from ..tools import builtin_tools
 from ..tools.base import BoardSeat, Tool, ToolRegistry
 from ..tools.boardtools import board_tools
@@ -198,6 +199,9 @@ class Runner:
                 return self.store.require_run(handle.record.run_id)  # `orch cancel`
             finally:
                 self.store.flush()  # the tree's last progress: no loop turn may come
+                if self.store.unwritten() and self._state_dir is not None:
+                    # the store is away: its endings wait for it, then are journaled
+                    await outlast(self.store, self._state_dir, self.settings.store_outage_s)
 
     async def wait(self, handle: RunHandle) -> RunRecord:
         """Wait for a child; if the waiter is cancelled, so is the child."""

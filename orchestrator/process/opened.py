@@ -17,8 +17,10 @@ from ..catalog.agent_trust import load_trusted
 from ..config import Settings
 from ..errors import NotFound, UsageError
 from ..project.paths import project_root
+from ..project.statedir import state_path
 from ..run import RunRecord
-from ..store import RunStore, open_store
+from ..store import RunStore, open_store, state_dir
+from ..store.journal import JOURNAL, replay
 from ..trust import Trust, TrustCap
 from .reconcile import reconcile
 
@@ -54,6 +56,9 @@ def open_project(
     if notice is not None:
         notice(trust)
     store = open_store(root, settings.store)
+    store.keep_at_most(settings.store_outage_queue)  # writes kept while it is away
+    if (state_path(root) / JOURNAL).exists():  # endings kept while the store was away
+        replay(store, state_dir(root))  # first: their owners are gone, their endings not
     reconcile(store)  # every command first settles runs whose owner is gone
     days = settings.transcript_retention_days  # and drops conversations kept too long
     store.prune_transcripts(time.time() - days * 86_400)

@@ -38,12 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import Settings
 from ..engine.owner import Supervisor, me
 from ..errors import OrchError
 from ..pgroups import process_start
 from ..project.paths import project_root
 from ..run import RunRecord, RunStatus
 from ..store import RunStore, state_dir
+from ..store.journal import JOURNAL, outlast
 from .detach import MAX_LINE, own_worker, paths
 from .executor import attach
 from .inherit import comparable_env, inherited
@@ -269,6 +271,20 @@ class WorkerHost:
             self._release(slot)
             self._trim()
 
+    async def _outlast(self) -> None:
+        """Never exit with a run's ending unwritten: while the store is away, wait for it
+        (``store_outage_s``), then keep what is left in the state dir's journal."""
+        waiting = [k.run_id for k in self.store.unwritten()]
+        if not waiting:
+            return
+        limit = max(
+            (s.runner.settings.store_outage_s for s in self.slots),
+            default=Settings.model_fields["store_outage_s"].default,
+        )
+        log(f"the store is away: waiting up to {limit:.0f} s to record {', '.join(waiting)}")
+        if kept := await outlast(self.store, self.state, limit):
+            log(f"{', '.join(kept)} kept in {JOURNAL}: the next orch command records them")
+
     def _trim(self) -> None:
         idle = sorted((s for s in self.shared.values() if not s.runs), key=lambda s: s.used)
         for slot in idle[: max(0, len(idle) - KEEP_IDLE_ENGINES)]:
@@ -359,6 +375,7 @@ class WorkerHost:
                 await asyncio.sleep(TICK_S)
         finally:
             self._stop_answering()
+            await self._outlast()
             await supervisor.stop()
             for slot in self.slots:
                 with contextlib.suppress(Exception):

@@ -22,7 +22,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..errors import OrchError
 from ..models.base import clean_text
@@ -31,6 +31,9 @@ from ..project.statedir import state_dir as state_dir
 from ..project.statedir import state_path as state_path
 from ..run import RunRecord, RunStatus, now
 from ..workspaces.base import ResourceSink
+
+if TYPE_CHECKING:
+    from .journal import KeptEnding
 
 TRANSCRIPT_LIMIT = 2 * 1024 * 1024  # bytes of JSON kept per transcript
 MAX_REASON = 500  # characters of the reason an ending could not be stored
@@ -157,16 +160,21 @@ class Endings(Protocol):
         smallest ending there is is written: ``failed``, the time, the reason in one line,
         so a run never stays ``running`` because its ending could not be stored. When even
         that fails, a :class:`StoreError` says so in one line (the run is then ended by
-        reconcile: ``orch ps``)."""
+        reconcile: ``orch ps``). When the store is away (``transient``), the ending is kept
+        (``keep_ending``: written when it answers, or journaled) and the record as it will
+        be is returned."""
         store = cast("RunStore", self)  # what every class that inherits this is
         write = store.update_run if owner else store.end_if_active
         if output is not None:
             fields["output"] = output
+        fields = {"status": status, "ended_at": now(), **fields}
         try:
-            done = write(run_id, status=status, ended_at=now(), **fields)
+            done = write(run_id, **fields)
             if done is not None and output is not None:
                 store.save_output(run_id, output)
         except Exception as e:
+            if store.transient(e):
+                return store.keep_ending(run_id, fields, output=output, owner=owner)
             why = _one_line(e)
             reason = f"the run ended {status.value}, but its ending could not be stored ({why})"
             try:
@@ -197,6 +205,33 @@ class RunStore(ResourceSink, Endings, Protocol):
     def flush(self) -> None:
         """Write the queued progress now (a run ends here: nothing of it may wait for a
         loop turn that never comes)."""
+        ...
+
+    # -- the store away (``batch``: what waits; ``journal``: endings kept on disk) ------
+    def keep_at_most(self, writes: int) -> None:
+        """Keep up to ``writes`` queued while the store is away (``store_outage_queue``)."""
+        ...
+
+    def transient(self, error: BaseException) -> bool:
+        """Whether ``error`` says the store is away for now, not that it refused a write."""
+        ...
+
+    def keep_ending(
+        self, run_id: str, fields: dict[str, Any], *, output: str | None, owner: bool
+    ) -> RunRecord | None:
+        """Keep an ending the store could not take, for when it answers (see ``end``)."""
+        ...
+
+    def unwritten(self) -> list[KeptEnding]:
+        """The endings still waiting for the store."""
+        ...
+
+    def forget_unwritten(self) -> None:
+        """Drop the waiting endings (journaled: the next command writes them)."""
+        ...
+
+    def end_kept(self, ending: KeptEnding) -> RunRecord | None:
+        """Write an ending a journal kept, as its process meant it."""
         ...
 
     def paths(self) -> tuple[Path, ...]:

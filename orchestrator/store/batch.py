@@ -52,6 +52,7 @@ GATHER_S = 0.002
 OUTAGE_QUEUE = 5000  # steps kept while the store is away (``store_outage_queue``)
 RETRY_FIRST_S = 0.1  # the first try again after a transient failure, doubling to:
 RETRY_MAX_S = 5.0
+RETRY_CHUNK = 200  # steps a retry writes a loop turn (what waited goes in several turns)
 
 Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]  # as ``sql.Query``
 
@@ -87,12 +88,12 @@ Event = Callable[[str, str, dict[str, Any]], Step]  # (run_id, kind, data) -> it
 
 @dataclass(frozen=True)
 class Queued:
-    """A queued step, the run it writes for ("" for none), and whether it is a run's
-    ending (never dropped by the bound)."""
+    """A queued step, the run it writes for ("" for none), and for a run's ending what
+    a journal keeps of it (an ending is never dropped by the bound)."""
 
     run_id: str
     step: Step
-    ending: bool = False
+    ending: Any = None
 
 
 @dataclass
@@ -149,7 +150,7 @@ class WriteBehind:
         self.outage: Outage | None = None  # the store is away (see the module's doc)
         self._retrying: asyncio.TimerHandle | None = None
 
-    def add(self, step: Step, run_id: str = "", *, ending: bool = False) -> None:
+    def add(self, step: Step, run_id: str = "") -> None:
         """Queue ``step`` for the next group's transaction (``GATHER_S`` after the first);
         with no running loop in this thread, write it (and what is queued) now."""
         try:
@@ -157,7 +158,7 @@ class WriteBehind:
         except RuntimeError:
             loop = None
         with self._lock:
-            self._pending.append(Queued(run_id, step, ending))
+            self._pending.append(Queued(run_id, step))
             if self.outage is not None:  # waits with the rest; the retry is scheduled
                 self.outage.kept += 1
                 self.outage.runs.add(run_id)
@@ -173,10 +174,21 @@ class WriteBehind:
                 self._scheduled = loop
                 loop.call_later(GATHER_S, self._gathered, loop)
 
-    def pending_endings(self) -> list[str]:
-        """The runs whose ending waits in the queue (the store is away)."""
+    def keep(self, step: Step, run_id: str, ending: Any) -> None:
+        """Queue a run's ending that the store could not take (it is away): after what is
+        queued, never dropped, tried again with the rest."""
         with self._lock:
-            return [q.run_id for q in self._pending if q.ending]
+            self._keep([], Queued(run_id, step, ending))
+
+    def endings(self) -> list[Any]:
+        """What the journal keeps of each ending still waiting for the store."""
+        with self._lock:
+            return [q.ending for q in self._pending if q.ending is not None]
+
+    def forget_endings(self) -> None:
+        """Drop the waiting endings (journaled: the next command writes them)."""
+        with self._lock:
+            self._pending = [q for q in self._pending if q.ending is None]
 
     def _gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
@@ -184,17 +196,19 @@ class WriteBehind:
                 self._scheduled = None
             self.flush()
 
-    def flush(self, *, now: bool = False) -> None:
+    def flush(self, *, now: bool = False, most: int | None = None) -> None:
         """Write what is queued, in one transaction (when the group has gathered, or before
         any other statement of the store); what fails is tried step by step, and a step that
         fails alone is logged and dropped: progress never fails a caller's own statement.
-        While the store is away, only once its next try is due (or ``now``)."""
+        While the store is away, only once its next try is due (or ``now``), and ``most``
+        steps at a time (the loop's retries: each turn stays short)."""
         with self._lock:
             if not self._pending:
                 return
             if not now and self.outage is not None and time.monotonic() < self.outage.next_try:
                 return
-            queued, self._pending = self._pending, []
+            cut = len(self._pending) if most is None else most
+            queued, self._pending = self._pending[:cut], self._pending[cut:]
             try:
                 self._apply([q.step for q in queued])
             except Exception as e:
@@ -209,11 +223,19 @@ class WriteBehind:
                             self._keep(queued[i:])
                             return
                         log.warning("orch: a progress write was dropped: %s", e)
+            if self._pending and self.outage is not None:  # the rest, the next turns
+                self.outage.next_try = time.monotonic()
+                return
             self._back()
 
-    def _keep(self, queued: list[Queued]) -> None:
-        """The store is away: keep ``queued`` first in the queue, try again later."""
+    def _keep(self, queued: list[Queued], *last: Queued) -> None:
+        """The store is away: keep ``queued`` first in the queue (and ``last`` after it),
+        try again later."""
         self._pending[:0] = queued
+        self._pending.extend(last)
+        if self.outage is not None and last:
+            self.outage.kept += len(last)
+            self.outage.runs.update(q.run_id for q in last)
         outage = self.outage
         if outage is None:
             outage = self.outage = Outage(since=time.time(), kept=len(self._pending))
@@ -223,9 +245,10 @@ class WriteBehind:
                 self._where,
                 len(self._pending),
             )
-        else:
+            outage.next_try = time.monotonic() + outage.delay
+        elif queued:  # a try failed again
             outage.delay = min(outage.delay * 2, RETRY_MAX_S)
-        outage.next_try = time.monotonic() + outage.delay
+            outage.next_try = time.monotonic() + outage.delay
         self._bound()
         try:
             self._retry_later(asyncio.get_running_loop())
@@ -240,7 +263,7 @@ class WriteBehind:
             return
         kept: list[Queued] = []
         for q in self._pending:
-            if over > 0 and not q.ending:
+            if over > 0 and q.ending is None:
                 over -= 1
                 outage.dropped += 1
                 if outage.dropped == 1:
@@ -263,7 +286,7 @@ class WriteBehind:
     def _retry(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             self._retrying = None
-            self.flush(now=True)
+            self.flush(now=True, most=RETRY_CHUNK)
             if self.outage is not None and not loop.is_closed():
                 self._retry_later(loop)
 

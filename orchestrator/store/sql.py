@@ -32,6 +32,7 @@ from .dialect import Dialect as Dialect
 from .dialect import Query as Query
 from .dialect import Row as Row
 from .dialect import Written as Written
+from .kept import OUTPUT_UPSERT, KeptEndings
 from .known import Known, Stale
 
 RECENT_ACTIVITIES = 5
@@ -55,7 +56,7 @@ def _record(row: Row) -> RunRecord:
     return RunRecord.model_validate_json(row[0])
 
 
-class SqlStore(Endings):
+class SqlStore(KeptEndings, Endings):
     """The :class:`~orchestrator.store.base.RunStore` over a SQL database (its dialect)."""
 
     def __init__(self, dialect: Dialect) -> None:
@@ -99,6 +100,10 @@ class SqlStore(Endings):
 
     def flush(self) -> None:
         self._behind.flush()
+
+    def keep_at_most(self, writes: int) -> None:
+        """Keep up to ``writes`` queued while the store is away (``store_outage_queue``)."""
+        self._behind.limit = writes
 
     def _absent(self, *ids: str) -> bool:
         """True if an id cannot be in the store (its text columns hold no NUL)."""
@@ -373,11 +378,7 @@ class SqlStore(Endings):
 
     # -- whole outputs ------------------------------------------------------------
     def save_output(self, run_id: str, text: str) -> None:
-        self._write(
-            "INSERT INTO outputs (run_id, text) VALUES (?, ?)"
-            " ON CONFLICT (run_id) DO UPDATE SET text = excluded.text",
-            (run_id, self.dialect.dump_output(text)),
-        )
+        self._write(OUTPUT_UPSERT, (run_id, self.dialect.dump_output(text)))
 
     def output(self, run_id: str) -> str | None:
         if self._absent(run_id):
