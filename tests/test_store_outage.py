@@ -6,6 +6,7 @@ store answers, with the outage once in each run's events."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from orchestrator.store import SqliteStore, open_url
 from orchestrator.store.base import RunStore
 from orchestrator.store.journal import JOURNAL
 from tests.pgserver import PgServer
-from tests.support import RUN_DEADLINE_S, orch
+from tests.support import RUN_DEADLINE_S, alive, orch, wait_for, write_script
 
 DOWN_S = 2.0
 
@@ -289,3 +290,41 @@ def test_an_ending_past_store_outage_s_is_journaled_and_written_by_the_next_comm
     assert [e["kind"] for e in check.events(record.run_id)].count("run_finished") == 1
     assert journal.read_text() == ""
     check.close()
+
+
+@pytest.mark.postgres
+def test_a_background_run_ending_while_postgres_restarts_is_recorded_by_its_host(
+    pg_server: PgServer, pg_url: str, project: Path
+) -> None:
+    env = {"ORCH_STORE": pg_url}
+    script = _slow_ending("BACKGROUND-THROUGH-OUTAGE")
+    script["conversations"][0]["turns"][1]["latency_s"] = 2.5
+    path = write_script(project, script)
+    r = orch(
+        "task", "x", "--background", "--json", "--model", f"scripted:{path}", cwd=project, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(r.stdout)["run_id"]
+    store = open_url(pg_url)
+    wait_for(lambda: any(e["kind"] == "tool_result" for e in store.events(run_id)))
+    store.close()
+    try:
+        pg_down(pg_server)
+        time.sleep(DOWN_S + 1)  # the run ends while the server is down
+    finally:
+        pg_up(pg_server)
+    store = open_url(pg_url)
+    wait_for(lambda: store.require_run(run_id).status.ended, timeout=30)
+    record = store.require_run(run_id)
+    assert record.status == RunStatus.SUCCEEDED, record.error
+    assert store.output(run_id) == "BACKGROUND-THROUGH-OUTAGE"
+    kinds = [e["kind"] for e in store.events(run_id)]
+    assert kinds.count("run_finished") == 1, kinds
+    assert kinds.count("store_unreachable") == 1 and kinds.count("store_back") == 1, kinds
+    assert record.pid is not None
+    wait_for(lambda: not alive(record.pid or 0))
+    logs = "".join(p.read_text() for p in (project / ".orch" / "logs").glob("*"))
+    assert "could not be recorded" not in logs and "dropped" not in logs, logs
+    assert "StoreUnreachable" not in logs and logs.count("is unreachable; keeping") == 1, logs
+    assert not (project / ".orch" / JOURNAL).exists()
+    store.close()

@@ -254,6 +254,9 @@ class WorkerHost:
             await asyncio.wait({job})
             if not job.cancelled() and (exc := job.exception()) is not None:
                 log(f"run {run_id} raised {type(exc).__name__}: {exc}")
+            if any(k.run_id == run_id for k in self.store.unwritten()):
+                log(f"{run_id} ended; its ending waits for the store")  # ``_outlast``
+                return
             final = self.store.get_run(run_id)
             if final is not None and not final.status.ended:
                 # its job ended but its run did not: ended here, never left queued under a
