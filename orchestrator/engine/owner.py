@@ -89,6 +89,8 @@ class Beats(Protocol):
 
     def cancel_requests(self, run_ids: list[str]) -> set[str]: ...
 
+    def transient(self, error: BaseException) -> bool: ...
+
 
 class Supervisor:
     """Runs beside the runs of one process: heartbeats and cancel requests."""
@@ -109,7 +111,12 @@ class Supervisor:
 
     async def _loop(self) -> None:
         while True:
-            self.tick()
+            try:
+                self.tick()
+            except Exception as e:
+                if not self.store.transient(e):
+                    raise
+                # the store is away (said once by the store): beat again on the next tick
             await asyncio.sleep(HEARTBEAT_S / 4)
 
     def tick(self) -> None:
