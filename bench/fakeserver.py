@@ -186,14 +186,14 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 "usage": ex.usage,
                 **reply,
             }
-            try:
-                if body.get("stream"):
-                    ex.stream = True
-                    self._write(ex, 200, "text/event-stream", sse(message))
-                else:
-                    self._write(ex, 200, "application/json", json.dumps(message).encode())
-            finally:  # sent: what it cached is readable from now on
-                server.rules.sent(admitted)
+            # the response begins: what it cached is readable from now on (marked before the
+            # write, so a client that has read it and asks again at once always finds it)
+            server.rules.sent(admitted)
+            if body.get("stream"):
+                ex.stream = True
+                self._write(ex, 200, "text/event-stream", sse(message))
+            else:
+                self._write(ex, 200, "application/json", json.dumps(message).encode())
 
     return Handler
 

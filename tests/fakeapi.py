@@ -165,20 +165,20 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
             extra: dict[str, str] | None = None,
             admitted: Admitted | None = None,
         ) -> None:
-            """Answer; once the answer is written, what ``admitted`` caches is readable."""
+            """Answer; what ``admitted`` caches is readable once the answer begins (the API's
+            rule; marked before the body goes, so a client that has read it and asks again at
+            once always finds it)."""
             raw = json.dumps(data).encode()
             self.send_response(code)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(raw)))
             for k, v in (extra or {}).items():
                 self.send_header(k, v)
+            if admitted is not None:
+                api.rules.sent(admitted)
             self.end_headers()
-            try:
-                self.wfile.write(raw)
-                self.wfile.flush()
-            finally:
-                if admitted is not None:
-                    api.rules.sent(admitted)
+            self.wfile.write(raw)
+            self.wfile.flush()
 
     return Handler
 

@@ -168,7 +168,7 @@ def units(body: Mapping[str, Any], request_id: str = "") -> list[Unit]:
 @dataclass(frozen=True)
 class Admitted:
     """A request the API took: its input as the API reports it, and the cache entries it
-    writes once its response is sent."""
+    writes once its response begins."""
 
     model: str
     request_id: str
