@@ -29,15 +29,21 @@ never) and tried again from the event loop with backoff (``RETRY_FIRST_S`` doubl
 ``RETRY_MAX_S``). The outage is said in one line when it starts and one when the store
 answers, and each run whose writes waited gets a ``store_unreachable`` and a
 ``store_back`` event then.
+
+A store whose writes may wait on another process (SQLite: ``off_loop``) has a loop's
+groups written by a writer thread of its own, one group at a time, without the queue's
+lock (``add`` never waits); every other statement waits for the group in flight first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +138,7 @@ class WriteBehind:
         event: Event | None = None,
         where: str = "",
         limit: int = OUTAGE_QUEUE,
+        off_loop: bool = False,
     ) -> None:
         self._transaction = transaction
         self._load = load  # a run as this process knows it (``Again`` if out of date)
@@ -149,6 +156,15 @@ class WriteBehind:
         self._scheduled: asyncio.AbstractEventLoop | None = None
         self.outage: Outage | None = None  # the store is away (see the module's doc)
         self._retrying: asyncio.TimerHandle | None = None
+        # ``off_loop``: a loop's groups are written by a thread of their own (a SQLite file
+        # locked by another process is waited for there, not on the loop); every other
+        # statement waits for the group in flight first (``_settled``): order is kept
+        self._off_loop = off_loop
+        self._idle = threading.Condition(self._lock)
+        self._flying: list[Queued] = []  # the group the writer thread is writing
+        self._in_flight = False
+        self._writer: ThreadPoolExecutor | None = None
+        self._writer_pid = 0
 
     def add(self, step: Step, run_id: str = "") -> None:
         """Queue ``step`` for the next group's transaction (``GATHER_S`` after the first);
@@ -183,18 +199,99 @@ class WriteBehind:
     def endings(self) -> list[Any]:
         """What the journal keeps of each ending still waiting for the store."""
         with self._lock:
-            return [q.ending for q in self._pending if q.ending is not None]
+            return [q.ending for q in [*self._flying, *self._pending] if q.ending is not None]
 
     def forget_endings(self) -> None:
         """Drop the waiting endings (journaled: the next command writes them)."""
         with self._lock:
+            self._settled()
             self._pending = [q for q in self._pending if q.ending is None]
 
     def _gathered(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             if self._scheduled is loop:
                 self._scheduled = None
+            if self._off_loop:
+                self._send(loop)
+            else:
+                self.flush()
+
+    def close(self) -> None:
+        """Write what is queued and end the writer thread (a later group starts another)."""
+        with self._lock:
             self.flush()
+            writer, self._writer = self._writer, None
+        if writer is not None and self._writer_pid == os.getpid():
+            writer.shutdown(wait=False)
+
+    def _settled(self) -> None:
+        """(Under the lock.) Wait for the group the writer thread is writing."""
+        if self._writer_pid != os.getpid():  # a forked child: no writer thread here
+            self._in_flight, self._flying = False, []
+        while self._in_flight:
+            self._idle.wait()
+
+    def _send(self, loop: asyncio.AbstractEventLoop, most: int | None = None) -> None:
+        """(Under the lock.) Hand what is queued to the writer thread (one group at a time;
+        while the store is away, once its next try is due)."""
+        if self._in_flight or not self._pending:
+            return
+        if most is None and self.outage is not None and time.monotonic() < self.outage.next_try:
+            return
+        if self._writer is None or self._writer_pid != os.getpid():
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="orch-store")
+            self._writer_pid = os.getpid()
+        cut = len(self._pending) if most is None else most
+        self._flying, self._pending = self._pending[:cut], self._pending[cut:]
+        self._in_flight = True
+        self._writer.submit(self._write_off, self._flying, loop)
+
+    def _write_off(self, queued: list[Queued], loop: asyncio.AbstractEventLoop) -> None:
+        """(The writer thread, without the lock: ``add`` never waits for the store.)"""
+        try:
+            left = self._write(queued)
+        except BaseException as e:  # never leaves the group in flight: kept, said
+            log.warning("orch: a group of progress writes failed: %s", e)
+            left = queued
+        with self._lock:
+            self._in_flight, self._flying = False, []
+            if left:
+                self._keep(left)
+            elif self.outage is not None and not self._pending:
+                self._back(queue=True)
+            elif self.outage is not None:  # the rest of what waited, the next turn
+                self.outage.next_try = time.monotonic()
+            self._idle.notify_all()
+            more = bool(self._pending)
+        if more:
+            try:
+                loop.call_soon_threadsafe(self._resume, loop)
+            except RuntimeError:  # the loop is closed: the next statement writes them
+                pass
+
+    def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            if self.outage is not None:
+                self._retry_later(loop)
+            else:
+                self._send(loop)
+
+    def _write(self, queued: list[Queued]) -> list[Queued]:
+        """Write ``queued`` in one transaction, else step by step (a step refused alone is
+        logged and dropped); what is left when the store is away."""
+        try:
+            self._apply([q.step for q in queued])
+        except Exception as e:
+            if self._transient(e):
+                return queued
+            for i, one in enumerate(queued):
+                try:
+                    self._apply([one.step])
+                except Exception as e:
+                    if self._transient(e):
+                        return queued[i:]
+                    log.warning("orch: a progress write was dropped: %s", e)
+        return []
 
     def flush(self, *, now: bool = False, most: int | None = None) -> None:
         """Write what is queued, in one transaction (when the group has gathered, or before
@@ -203,26 +300,16 @@ class WriteBehind:
         While the store is away, only once its next try is due (or ``now``), and ``most``
         steps at a time (the loop's retries: each turn stays short)."""
         with self._lock:
+            self._settled()
             if not self._pending:
                 return
             if not now and self.outage is not None and time.monotonic() < self.outage.next_try:
                 return
             cut = len(self._pending) if most is None else most
             queued, self._pending = self._pending[:cut], self._pending[cut:]
-            try:
-                self._apply([q.step for q in queued])
-            except Exception as e:
-                if self._transient(e):
-                    self._keep(queued)
-                    return
-                for i, one in enumerate(queued):
-                    try:
-                        self._apply([one.step])
-                    except Exception as e:
-                        if self._transient(e):
-                            self._keep(queued[i:])
-                            return
-                        log.warning("orch: a progress write was dropped: %s", e)
+            if left := self._write(queued):
+                self._keep(left)
+                return
             if self._pending and self.outage is not None:  # the rest, the next turns
                 self.outage.next_try = time.monotonic()
                 return
@@ -286,13 +373,16 @@ class WriteBehind:
     def _retry(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             self._retrying = None
+            if self._off_loop:
+                self._send(loop, most=RETRY_CHUNK)  # its end schedules what follows
+                return
             self.flush(now=True, most=RETRY_CHUNK)
             if self.outage is not None and not loop.is_closed():
                 self._retry_later(loop)
 
-    def _back(self) -> None:
+    def _back(self, *, queue: bool = False) -> None:
         """The store answers again: say so once, and write the outage in each waiting
-        run's events."""
+        run's events (``queue``: with the next group)."""
         outage, self.outage = self.outage, None
         if outage is None:
             return
@@ -312,12 +402,15 @@ class WriteBehind:
         data = {"since": outage.since, "until": until, "kept": outage.kept}
         data["dropped"] = outage.dropped
         steps = [
-            self._event(run_id, kind, data)
+            (run_id, self._event(run_id, kind, data))
             for run_id in sorted(r for r in outage.runs if r)
             for kind in ("store_unreachable", "store_back")
         ]
+        if queue:
+            self._pending.extend(Queued(run_id, step) for run_id, step in steps)
+            return
         try:
-            self._apply(steps)
+            self._apply([step for _, step in steps])
         except Exception as e:  # said, not raised: the writes themselves are in
             log.warning("orch: the store outage could not be written in the runs' events: %s", e)
 
@@ -332,6 +425,7 @@ class WriteBehind:
         the queue, untouched by it, is written on its own before the error goes on (kept,
         if the store is away)."""
         with self._lock:
+            self._settled()
             queued, self._pending = self._pending, []
             try:
                 with self._transaction() as q:

@@ -29,6 +29,7 @@ class Dialect(Protocol):
     insert_event: str  # (run_id, at, kind, data) -> one row: the new id, in order within a run
     heartbeat: str  # (at, *run_ids) with ``{ids}`` for their marks: a progress write
     progress_commit: str  # first in a transaction of progress only: it may commit async ("")
+    off_loop: bool  # a loop's progress written by a thread (a write may wait on a lock)
     lock_chain: str  # (chain_id,) -> held to the commit ("": a write holds the database's)
 
     def describe(self) -> str: ...

@@ -120,6 +120,7 @@ class PostgresDialect:
         " SELECT e.run_id, e.at, e.kind, e.data FROM e, lock RETURNING id"
     )
     progress_commit = f"SELECT {ASYNC_COMMIT}"
+    off_loop = False  # a server away fails at once: its retries stay on the loop
     # two keys (orch's, the chain's): a space apart from the one-key locks above
     lock_chain = "SELECT pg_advisory_xact_lock(1869767528, hashtext(?))"
     heartbeat = (

@@ -73,6 +73,7 @@ class SqlStore(KeptEndings, Endings):
             transient=dialect.transient,
             event=self._event,
             where=dialect.describe(),
+            off_loop=dialect.off_loop,
         )
 
     # every statement of the store writes the queued progress first: this process reads
@@ -95,7 +96,7 @@ class SqlStore(KeptEndings, Endings):
         return self.dialect.paths()
 
     def close(self) -> None:
-        self._behind.flush()
+        self._behind.close()
         self.dialect.close()
 
     def flush(self) -> None:

@@ -100,6 +100,8 @@ class SqliteDialect:
     heartbeat = "UPDATE runs SET heartbeat_at = ? WHERE run_id IN ({ids})"
     progress_commit = ""  # synchronous=NORMAL: every commit alike
     lock_chain = ""  # BEGIN IMMEDIATE holds the database's write lock
+    off_loop = True  # a file another process holds is waited for off the loop (``batch``)
+    busy_timeout_s = 30.0  # how long a statement waits for another process's lock
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -125,10 +127,11 @@ class SqliteDialect:
         """This thread's connection, opened on first use."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            busy = self.busy_timeout_s
+            conn = sqlite3.connect(self.path, timeout=busy, isolation_level=None)
             _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
             self._local.conn = conn
         return conn
 
