@@ -339,3 +339,60 @@ def test_a_background_run_ending_while_postgres_restarts_is_recorded_by_its_host
     assert "StoreUnreachable" not in logs and logs.count("is unreachable; keeping") == 1, logs
     assert not (project / ".orch" / JOURNAL).exists()
     store.close()
+
+
+def test_past_the_bound_the_oldest_progress_goes_said_once_and_an_ending_never(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sqlite3
+
+    store = SqliteStore.for_project(tmp_path)
+    store.create_run(RunRecord(run_id="r-1", chain_id="c", status=RunStatus.RUNNING))
+    store.keep_at_most(5)
+    behind = store._behind
+    works = behind._transaction
+    away = [True]
+
+    def transaction() -> Any:
+        if away[0]:
+            raise sqlite3.OperationalError("database is locked")
+        return works()
+
+    behind._transaction = transaction
+
+    async def play() -> RunRecord | None:
+        for i in range(10):
+            store.add_event("r-1", "tool_call", {"n": i})
+            await asyncio.sleep(0.005)
+        ended = store.keep_ending(
+            "r-1",
+            {"status": RunStatus.SUCCEEDED, "ended_at": time.time()},
+            output="OUT",
+            owner=True,
+        )
+        for i in range(10, 13):
+            store.add_event("r-1", "tool_call", {"n": i})
+        assert [k.run_id for k in store.unwritten()] == ["r-1"]
+        away[0] = False
+        for _ in range(100):
+            if behind.outage is None and not store.unwritten():
+                break
+            await asyncio.sleep(0.05)
+        return ended
+
+    with caplog.at_level(logging.WARNING, logger="orchestrator.store.batch"):
+        ended = asyncio.run(play())
+    assert ended is not None and ended.status == RunStatus.SUCCEEDED
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("the oldest progress is dropped" in m for m in said) == 1, said
+    store.flush()
+    record = store.require_run("r-1")
+    assert record.status == RunStatus.SUCCEEDED and store.output("r-1") == "OUT"
+    events = store.events("r-1")
+    kept = [e["data"]["n"] for e in events if e["kind"] == "tool_call"]
+    assert kept == list(range(13 - len(kept), 13)) and len(kept) < 13  # the newest, in order
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("run_finished") == 1 and kinds.count("store_back") == 1, kinds
+    back = next(e for e in events if e["kind"] == "store_back")["data"]
+    assert back["dropped"] == 13 - len(kept)
+    store.close()
