@@ -32,8 +32,9 @@ answers, and each run whose writes waited gets a ``store_unreachable`` and a
 
 A store whose writes may wait on another process (SQLite: ``off_loop``) has a loop's
 groups written by a writer thread of its own, one group at a time, without the queue's
-lock (``add`` never waits); every other statement waits for the group in flight first.
-"""
+lock (``add`` never waits); every other statement waits for the group in flight first,
+and while the store is away a loop's statements never try it (``away``): the writer
+thread's retries do."""
 
 from __future__ import annotations
 
@@ -52,9 +53,7 @@ from ..run import RunRecord
 
 log = logging.getLogger(__name__)
 
-# how long the queue gathers after its first write: a child's spawn runs four loop turns
-# in its first millisecond, each with writes, and a fan-out's turns follow one another
-GATHER_S = 0.002
+GATHER_S = 0.002  # the queue gathers this long after its first write (a spawn's 4 turns)
 OUTAGE_QUEUE = 5000  # steps kept while the store is away (``store_outage_queue``)
 RETRY_FIRST_S = 0.1  # the first try again after a transient failure, doubling to:
 RETRY_MAX_S = 5.0
@@ -114,6 +113,11 @@ class Outage:
     dropped: int = 0  # oldest progress dropped past the bound
 
 
+def _in_loop() -> bool:
+    """Whether this thread runs an event loop."""
+    return asyncio._get_running_loop() is not None
+
+
 def statement(sql: str, args: Sequence[Any]) -> Step:
     """A step that runs one statement."""
 
@@ -156,8 +160,7 @@ class WriteBehind:
         self._scheduled: asyncio.AbstractEventLoop | None = None
         self.outage: Outage | None = None  # the store is away (see the module's doc)
         self._retrying: asyncio.TimerHandle | None = None
-        # ``off_loop``: a loop's groups are written by a thread of their own (a SQLite file
-        # locked by another process is waited for there, not on the loop); every other
+        # ``off_loop``: a loop's groups are written by a thread of their own; every other
         # statement waits for the group in flight first (``_settled``): order is kept
         self._off_loop = off_loop
         self._idle = threading.Condition(self._lock)
@@ -189,6 +192,13 @@ class WriteBehind:
             elif self._scheduled is not loop:
                 self._scheduled = loop
                 loop.call_later(GATHER_S, self._gathered, loop)
+
+    def away(self) -> int:
+        """The writes waiting for a store away, if this thread runs a loop (``off_loop``)."""
+        if not self._off_loop or self.outage is None or not _in_loop():
+            return 0
+        with self._lock:
+            return max(1, len(self._pending) + len(self._flying))
 
     def keep(self, step: Step, run_id: str, ending: Any) -> None:
         """Queue a run's ending that the store could not take (it is away): after what is
@@ -303,6 +313,8 @@ class WriteBehind:
             self._settled()
             if not self._pending:
                 return
+            if self.outage is not None and self._off_loop and _in_loop():
+                return  # the writer thread tries again (the loop never waits for the store)
             if not now and self.outage is not None and time.monotonic() < self.outage.next_try:
                 return
             cut = len(self._pending) if most is None else most

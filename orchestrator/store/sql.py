@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import NotFound
 from ..run import Activity, RunRecord, RunStatus, now
-from .base import ChainFull, ChainRoom, ChainUsage, Endings, bound_transcript
+from .base import ChainFull, ChainRoom, ChainUsage, Endings, StoreUnreachable, bound_transcript
 from .batch import Step, WriteBehind, statement
 from .dialect import Dialect as Dialect
 from .dialect import Query as Query
@@ -79,13 +79,26 @@ class SqlStore(KeptEndings, Endings):
     # every statement of the store writes the queued progress first: this process reads
     # what it wrote, in the order it wrote it (a transaction: in the same commit)
     def _transaction(self) -> AbstractContextManager[Query]:
+        self._away()
         return self._behind.joined()
+
+    def _away(self) -> None:
+        """While the store is away, a statement made on an event loop (of a store whose
+        writes go to a thread) fails at once, transient, instead of trying the store there:
+        after the writes that wait, it could not be written anyway (``end`` keeps an
+        ending; the supervisor beats again next tick)."""
+        if waiting := self._behind.away():
+            raise StoreUnreachable(
+                f"the store at {self.describe()} is unreachable for now; "
+                f"{int(waiting)} writes wait for it"
+            )
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         self._behind.flush()
         return self.dialect.read(sql, args)
 
     def _write(self, sql: str, args: Sequence[Any] = ()) -> Written:
+        self._away()
         self._behind.flush(now=True)  # after what waits, even while the store is away
         return self.dialect.write(sql, args)
 

@@ -11,6 +11,7 @@ its ``-wal``/``-shm`` files 0600, whatever the umask.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .base import make_private, state_dir
+from .base import StoreUnreachable, make_private, state_dir
 from .schema import Types, tables
 from .sql import Query, Row, SqlStore, Written
 
@@ -46,6 +47,21 @@ DB_FILE = "orch.db"
 # timeout, a disk error, a full disk, a file that cannot be opened (a remount)
 AWAY = ("locked", "busy", "disk i/o error", "disk is full", "unable to open")
 DB_MODE = 0o600
+# how long a statement waits for another process's lock on a thread that must not stand
+# still: an event loop's, or the store's writer thread (the loop's next statement waits
+# for its group); past it the file is away for now and the outage path carries the write
+LOOP_BUSY_S = 0.025
+
+
+def _must_not_wait() -> bool:
+    """Whether this thread runs an event loop or is the store's writer thread."""
+    if threading.current_thread().name.startswith("orch-store"):
+        return True
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _create_private(path: Path) -> None:
@@ -116,6 +132,8 @@ class SqliteDialect:
 
     def transient(self, error: BaseException) -> bool:
         """The file is away for now (see :data:`AWAY`), not a statement refused."""
+        if isinstance(error, StoreUnreachable):  # said by the store itself (``SqlStore.away``)
+            return True
         text = str(error).lower()
         return isinstance(error, sqlite3.OperationalError) and any(w in text for w in AWAY)
 
@@ -124,15 +142,19 @@ class SqliteDialect:
         return (self.path.parent, self.path)
 
     def conn(self) -> sqlite3.Connection:
-        """This thread's connection, opened on first use."""
+        """This thread's connection, opened on first use; its busy timeout short on a
+        thread that must not stand still (:data:`LOOP_BUSY_S`), else ``busy_timeout_s``."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        busy = min(self.busy_timeout_s, LOOP_BUSY_S) if _must_not_wait() else self.busy_timeout_s
         if conn is None:
-            busy = self.busy_timeout_s
             conn = sqlite3.connect(self.path, timeout=busy, isolation_level=None)
-            _wal(conn)
+            _wal(conn, busy)
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
             self._local.conn = conn
+            self._local.busy = None
+        if self._local.busy != busy:
+            conn.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
+            self._local.busy = busy
         return conn
 
     def close(self) -> None:
