@@ -23,6 +23,7 @@ from ..egress.summary import of_run
 from ..egress.summary import text as egress_text
 from ..errors import OrchError
 from ..process import opened
+from ..process.away import Patience
 from ..process.listing import run_cost, totals, totals_text, usage_row, usage_text
 from ..process.opened import Project
 from ..run import RunRecord, RunResult, RunStatus
@@ -132,6 +133,26 @@ def open_project(
         raise OrchError(why)
     notice = None if quiet else announce_trust
     return opened.open_project(workdir, trust_cap=trust_cap, notice=notice, **overrides)
+
+
+def patience() -> Patience:
+    """How a waiting command (``watch``, ``logs --follow``, ``result --wait``) reads a store
+    that may go away: "store unreachable, retrying" once on stderr, then on by itself."""
+    return Patience(lambda said: err.print(safe_text(f"orch: {said}")))
+
+
+def open_waiting(workdir: Path | None, wait: Patience | None) -> Project:
+    """The project of a waiting command: with ``wait``, a store away at the start is
+    waited for too (what trust left out said once)."""
+    if wait is None:
+        return open_project(workdir)
+    tries = [0]
+
+    def attempt() -> Project:
+        tries[0] += 1
+        return open_project(workdir, quiet=tries[0] > 1)
+
+    return wait.call(attempt)
 
 
 @contextmanager

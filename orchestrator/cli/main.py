@@ -34,7 +34,9 @@ from .common import (
     err,
     handles_errors,
     open_project,
+    open_waiting,
     out,
+    patience,
     print_json,
     result_json,
     run_label,
@@ -409,15 +411,17 @@ def result(
     as_json: JsonOpt = False,
 ) -> None:
     """A run's result: status, final text, usage, evidence, artifacts."""
-    project = open_project(workdir)
-    record = find_run(project.store, run_id)
-    ticks = 0
-    while wait and not record.status.ended:
+    patient = patience() if wait else None  # a store away meanwhile: said once, waited for
+    project = open_waiting(workdir, patient)
+    store = project.store
+    record = patient.call(lambda: find_run(store, run_id)) if patient else find_run(store, run_id)
+    ticks, rid = 0, record.run_id
+    while patient is not None and not record.status.ended:
         time.sleep(0.2)
         ticks += 1
         if ticks % 5 == 0:
-            reconcile(project.store)
-        record = project.store.require_run(record.run_id)
+            patient.call(lambda: reconcile(store))
+        record = patient.call(lambda: store.require_run(rid))
     res: RunResult = with_egress(project.store, record.result())
     full = project.store.output(record.run_id)
     if full is not None:

@@ -7,8 +7,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.live import Live
@@ -35,12 +36,19 @@ from .common import (
     age,
     handles_errors,
     open_project,
+    open_waiting,
     out,
+    patience,
     print_json,
     tier_notes,
 )
 from .fit import Column, FitTable, cell
 from .safe import safe_text, shown
+
+if TYPE_CHECKING:
+    from ..process.events import Feed
+
+T = TypeVar("T")
 
 PS_COLUMNS = [
     Column("run"),
@@ -143,10 +151,12 @@ def watch(
     workdir: WorkdirOpt = None,
     interval: Annotated[float, typer.Option(help="Refresh every S seconds.")] = 0.5,
 ) -> None:
-    """A live view of a run and its children until they end; exits with the run's code."""
-    project = open_project(workdir)
+    """A live view of a run and its children until they end; exits with the run's code.
+    While the run store is away it says so once and goes on when it answers."""
+    wait = patience()
+    project = open_waiting(workdir, wait)
     store = project.store
-    root = find_run(store, run_id) if run_id else None
+    root = wait.call(lambda: find_run(store, run_id)) if run_id else None
 
     def snapshot() -> list[dict[str, Any]]:
         if root is not None:
@@ -158,16 +168,16 @@ def watch(
     def busy(rows: list[dict[str, Any]]) -> bool:
         return any(not RunStatus(r["status"]).ended for r in rows)
 
-    with Live(ps_table(snapshot()), console=out, refresh_per_second=4) as live:
+    with Live(ps_table(wait.call(snapshot)), console=out, refresh_per_second=4) as live:
         while True:
-            rows = snapshot()
+            rows = wait.call(snapshot)
             live.update(ps_table(rows, title=f"orch watch · {time.strftime('%H:%M:%S')}"))
             if not busy(rows):
                 break
             time.sleep(interval)
-            reconcile(store)
+            wait.call(lambda: reconcile(store))
     if root is not None:
-        final = store.require_run(root.run_id)
+        final = wait.call(lambda: store.require_run(root.run_id))
         raise typer.Exit(EXIT_CODES.get(final.status, 1))
 
 
@@ -246,13 +256,16 @@ def logs(
 ) -> None:
     """A run's events, one line each: time, run/agent, event, what it says.
 
-    --json prints the raw events: a JSON array, or one object a line with --follow."""
+    --json prints the raw events: a JSON array, or one object a line with --follow. While
+    the run store is away, --follow says so once and goes on when it answers."""
     from ..process.events import Feed
     from .logview import line
 
-    project = open_project(workdir)
+    wait = patience() if follow else None
+    ask = wait.call if wait is not None else _now
+    project = open_waiting(workdir, wait)
     store = project.store
-    feed = Feed(store, find_run(store, run_id), tree=tree)
+    feed = ask(lambda: Feed(store, find_run(store, run_id), tree=tree))
     if as_json and not follow:
         print_json(feed.poll())
         return
@@ -260,7 +273,7 @@ def logs(
     ticks = 0
     try:
         while True:
-            for e in feed.poll():
+            for e in ask(lambda: _poll(feed)):
                 if as_json:
                     sys.stdout.write(json.dumps(e, default=str) + "\n")
                 else:
@@ -274,15 +287,30 @@ def logs(
             time.sleep(0.2)
             ticks += 1
             if ticks % 5 == 0:
-                reconcile(store)  # a run whose owner died ends (interrupted)
-                feed.check()
+                ask(lambda: reconcile(store))  # a run whose owner died ends (interrupted)
+                ask(feed.check)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except BrokenPipeError:  # `orch logs … | head`: the reader has gone (as Rich does it)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
     if follow:
-        raise typer.Exit(feed.exit_code())
+        raise typer.Exit(ask(feed.exit_code))
+
+
+def _now(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+def _poll(feed: Feed) -> list[dict[str, Any]]:
+    """``feed.poll()``; on a failure, the feed as it was (no event read is lost)."""
+    marks = {rid: (f.after, f.finished) for rid, f in feed.runs.items()}
+    try:
+        return feed.poll()
+    except Exception:
+        for rid, (after, finished) in marks.items():
+            feed.runs[rid].after, feed.runs[rid].finished = after, finished
+        raise
 
 
 def register(app: typer.Typer) -> None:

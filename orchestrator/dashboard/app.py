@@ -7,6 +7,10 @@
   of the chains changed since the last look (``store.list_raw(since=…)``, which reads
   only those, and the live ones: a run's change changes its chain's totals), those not
   sent as they are already, looked for every ``POLL_S``.
+- While the store is away (a server restarting, a file held locked), the API answers 503
+  with ``{"error": <one line naming the store and what to do>}`` and the stream sends one
+  ``store`` message ``{"state": "away", "error": …}``, tries again with backoff, and sends
+  ``{"state": "back"}`` when the store answers (the page shows a banner meanwhile).
 - ``POST /api/run/{id}/cancel``: ``orch cancel``'s path (``process/stopping.py``);
   ``POST /api/run/{id}/merge``: ``orch worktrees merge``'s, with its guards (control files
   refused, a dirty tree refused).
@@ -34,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..branches import merge
 from ..errors import OrchError
+from ..process.away import LAST_S, RETRYING, away
 from ..process.stopping import cancel_tree
 from ..run import RunRecord
 from ..store import RunStore
@@ -44,6 +49,22 @@ T = TypeVar("T")
 POLL_S = 0.05  # how often the stream looks for changes in the store
 KEEPALIVE_S = 15.0
 CANCEL_WAIT_S = 10.0
+
+
+class StoreAway(Exception):
+    """The store is away for now: ``line`` says so (the API answers 503 with it)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=503, headers={"retry-after": "2"})
+
+
+def _said(state: str, **more: str) -> str:
+    return f"event: store\ndata: {json.dumps({'state': state, **more})}\n\n"
 
 
 def static_dir() -> Path:
@@ -71,15 +92,27 @@ class Dashboard:
             Route("/api/run/{run_id}/merge", self.merge, methods=["POST"]),
             Mount("/static", StaticFiles(directory=static_dir()), name="static"),
         ]
-        self.guard = Guard(Starlette(routes=routes), token)
+        app = Starlette(routes=routes, exception_handlers={StoreAway: _unavailable})
+        self.guard = Guard(app, token)
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(
-            self.reads, lambda: fn(*args, **kwargs)
-        )
+        """``fn(…)`` in the read thread, tried once more at once if the store was away (a
+        connection a server restart closed fails once); then StoreAway."""
+        try:
+            return await self._in(self.reads, lambda: fn(*args, **kwargs))
+        except StoreAway:
+            return await self._in(self.reads, lambda: fn(*args, **kwargs))
 
     async def act(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.acts, lambda: fn(*args))
+        return await self._in(self.acts, lambda: fn(*args))
+
+    async def _in(self, pool: ThreadPoolExecutor, call: Callable[[], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, call)
+        except Exception as e:
+            if (line := away(e, self.store.describe())) is None:
+                raise
+            raise StoreAway(line) from None
 
     async def aclose(self) -> None:
         """Each thread's store connection closed in that thread, then the threads."""
@@ -127,16 +160,29 @@ class Dashboard:
 
         async def changes() -> AsyncIterator[str]:
             last, seen, sent, quiet = since, dict[str, float](), dict[str, str](), 0.0
+            down, delay = False, POLL_S  # the store away: said once, tried with backoff
             yield "retry: 1000\n\n"
             while not await request.is_disconnected():
                 look = time.time()
-                rows = await self.read(views.changes, self.store, last - 1.0)
-                moved = [r for r in rows if seen.get(r["run_id"]) != r.get("updated_at")]
+                try:
+                    rows = await self.read(views.changes, self.store, last - 1.0)
+                    moved = [r for r in rows if seen.get(r["run_id"]) != r.get("updated_at")]
+                    ids = sorted({str(r.get("chain_id")) for r in moved})
+                    chains = await self.read(views.chains, self.store, ids) if ids else []
+                except StoreAway as e:
+                    if not down:
+                        down = True
+                        yield _said("away", error=f"{RETRYING} ({e.line})")
+                    delay = min(delay * 2, LAST_S)
+                    await asyncio.sleep(delay)
+                    continue
+                if down:
+                    down, delay = False, POLL_S
+                    yield _said("back")
                 for r in moved:
                     seen[r["run_id"]] = r.get("updated_at") or 0.0
                 fresh = []  # the rows of the chains that moved, those not sent as they are
-                ids = sorted({str(r.get("chain_id")) for r in moved})
-                for r in await self.read(views.chains, self.store, ids) if ids else []:
+                for r in chains:
                     said = json.dumps(r, sort_keys=True, default=str)
                     if sent.get(r["run_id"]) != said:
                         sent[r["run_id"]] = said

@@ -27,6 +27,7 @@ from mcp.server.stdio import stdio_server
 from pydantic import BaseModel, ValidationError
 
 from ..errors import OrchError
+from ..process.away import away
 from ..untrusted import for_model
 from . import inputs as given
 from .desk import Answer, Desk, Progress
@@ -111,6 +112,24 @@ def _error(text: str) -> types.CallToolResult:
     )
 
 
+# the tools that only read: tried once more at once when the store was away (a thread's
+# connection a server restart closed fails once, then the next call opens a new one)
+READS = frozenset({"list_runs", "run_result", "run_logs", "task_output", "branch_diff"})
+
+
+def _failure(name: str, e: Exception, where: str) -> types.CallToolResult:
+    """What a tool's failure tells the client: one line, never a traceback."""
+    if isinstance(e, OrchError):
+        return _error(str(e))
+    if isinstance(e, OSError):
+        at = f" ({e.filename})" if e.filename else ""
+        return _error(f"{e.strerror or e}{at}; check the path and its permissions")
+    if (line := away(e, where)) is not None:
+        return _error(line)  # a SQLite file held locked: the store's line
+    log.error("tool %s failed", name, exc_info=e)
+    return _error(f"{name} failed: {type(e).__name__}: {e}")
+
+
 def _invalid(name: str, e: ValidationError) -> str:
     parts = []
     for err in e.errors()[:5]:
@@ -159,16 +178,14 @@ def build(desk: Desk) -> Server[dict[str, Any]]:
         async def progress(done: float, message: str) -> None:
             await ctx.session.report_progress(done, None, for_model(message))
 
-        try:
-            return _result(await entry.call(desk, args, progress))
-        except OrchError as e:
-            return _error(str(e))
-        except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
-            return _error(f"{e.strerror or e}{where}; check the path and its permissions")
-        except Exception as e:  # noqa: BLE001 (one line to the client; the trace to stderr)
-            log.exception("tool %s failed", params.name)
-            return _error(f"{params.name} failed: {type(e).__name__}: {e}")
+        for again in (params.name in READS, False):
+            try:
+                return _result(await entry.call(desk, args, progress))
+            except Exception as e:  # noqa: BLE001 (one line to the client; the trace to stderr)
+                if again and away(e) is not None:
+                    continue  # a connection the store's restart closed: the next opens one
+                return _failure(params.name, e, desk.project.store.describe())
+        raise AssertionError("unreachable")  # the loop's last turn returns
 
     return Server(
         "orch",

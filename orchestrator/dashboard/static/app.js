@@ -6,6 +6,35 @@
 const CSRF = document.querySelector('meta[name="orch-csrf"]').content;
 const main = document.getElementById("main");
 const live = document.getElementById("live");
+const banner = document.getElementById("banner");
+const AGAIN_MS = 2000; // a page whose store is away asks again this often
+
+// the store away (a server restarting): one line in the banner, as text, until it answers
+function storeAway(line) {
+  banner.textContent = line;
+  banner.hidden = false;
+  live.textContent = "store unreachable, retrying";
+}
+
+function storeBack() {
+  banner.hidden = true;
+  banner.textContent = "";
+  live.textContent = "live";
+}
+
+// a 503 from the API: the store is away; said in the banner, asked again later
+async function away(res, again) {
+  if (res.status !== 503) return false;
+  let line = "store unreachable, retrying";
+  try {
+    line = `${line} (${(await res.json()).error})`;
+  } catch {
+    // the line as it is
+  }
+  storeAway(line);
+  setTimeout(again, AGAIN_MS);
+  return true;
+}
 
 function el(tag, attrs, ...kids) {
   const node = document.createElement(tag);
@@ -98,7 +127,10 @@ function isBelow(tr, ancestor) {
 }
 
 async function showList() {
-  const data = await (await fetch("/api/runs")).json();
+  const res = await fetch("/api/runs");
+  if (await away(res, showList)) return;
+  storeBack();
+  const data = await res.json();
   table = el("tbody");
   for (const r of data.runs) {
     const [tr] = drawRow(r);
@@ -174,6 +206,8 @@ async function act(runId, what, note) {
 
 async function drawRun(runId) {
   const res = await fetch(`/api/run/${encodeURIComponent(runId)}`);
+  if (await away(res, () => drawRun(runId))) return;
+  if (!banner.hidden) storeBack();
   if (!res.ok) {
     show(el("p", {}, `no run ${runId}`));
     return;
@@ -251,6 +285,11 @@ function follow(since, onRuns) {
   source.addEventListener("open", () => { live.textContent = "live"; });
   source.addEventListener("error", () => { live.textContent = "reconnecting…"; });
   source.addEventListener("runs", (e) => onRuns(JSON.parse(e.data)));
+  source.addEventListener("store", (e) => {
+    const said = JSON.parse(e.data);
+    if (said.state === "away") storeAway(String(said.error));
+    else storeBack();
+  });
 }
 
 function runOfPath() {
