@@ -220,3 +220,49 @@ def test_an_mcp_tool_answers_one_line_is_error_while_postgres_is_away(
     said = text(down)
     assert "\n" not in said and "Postgres run store at 127.0.0.1" in said, said
     assert not back.is_error, text(back)
+
+
+@pytest.mark.postgres
+def test_the_dashboard_page_shows_a_text_banner_while_postgres_is_away(
+    pg_server: PgServer, pg_url: str, project: Path
+) -> None:
+    """In Chromium: the banner says "store unreachable, retrying" with the store's line,
+    as text, and goes once the store answers; the list is live again."""
+    from tests.test_dashboard import chromium
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    store = open_url(pg_url)
+    served = Served(store, project)
+    thread = start(served)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(served.url)
+                page.wait_for_selector("#live:has-text('live')")
+                assert page.locator("#banner").is_hidden()
+                pg_down(pg_server)
+                try:
+                    banner = page.locator("#banner")
+                    banner.wait_for(state="visible", timeout=20_000)
+                    said = banner.inner_text()
+                    assert said.startswith(RETRYING) and "Postgres run store" in said, said
+                    assert page.locator("#banner *").count() == 0  # text only
+                    assert "store unreachable" in page.locator("#live").inner_text()
+                    late = browser.new_page()  # a page opened while it is away: its 503
+                    late.goto(served.url)
+                    late.locator("#banner").wait_for(state="visible", timeout=20_000)
+                    assert late.locator("#banner").inner_text().startswith(RETRYING)
+                finally:
+                    _ensure_up(pg_server)
+                for shown in (page, late):
+                    shown.locator("#banner").wait_for(state="hidden", timeout=30_000)
+                    shown.wait_for_selector("#live:has-text('live')")
+                late.wait_for_selector("table")  # the list, asked again
+            finally:
+                browser.close()
+    finally:
+        served.stop()
+        thread.join(10)
+        store.close()
