@@ -467,3 +467,55 @@ def test_eight_children_ride_out_a_sqlite_file_held_ten_seconds(
     assert not any("dropped" in m or "could not be recorded" in m for m in said), said
     print(f"longest loop stall {stall[0] * 1000:.1f} ms")
     assert stall[0] < 0.1, f"the loop stood still {stall[0] * 1000:.0f} ms"
+
+
+@pytest.mark.postgres
+def test_a_run_whose_store_stays_away_past_store_outage_s_ends_interrupted(
+    pg_server: PgServer, pg_url: str, project: Path
+) -> None:
+    """The server stopped under a run for longer than ``store_outage_s`` (3 s): the run
+    works on (its tools and model need no store), then stops ``interrupted`` with its
+    output so far; its ending, journaled, is written by the next command once the server
+    is back, and nothing stays ``running``."""
+    look = {"tool": "glob", "input": {"pattern": "*"}}
+    turns = [
+        {"text": "PARTIAL-SO-FAR", "tool_calls": [look]},
+        *[{"tool_calls": [look], "latency_s": 0.5} for _ in range(40)],
+        {"text": "NEVER-REACHED"},
+    ]
+    script = {"conversations": [{"depth": 0, "turns": turns}]}
+    runner = _runner(project, pg_url, script, store_outage_s=3)
+    spec = RunSpec(prompt="look", workdir=project)
+    took = [0.0]
+
+    async def play() -> RunRecord:
+        job = asyncio.create_task(runner.run(spec))
+        await asyncio.sleep(1.0)  # at work
+        assert not job.done()
+        t0 = time.monotonic()
+        await asyncio.to_thread(pg_down, pg_server)
+        try:
+            return await asyncio.wait_for(job, 60)
+        finally:
+            took[0] = time.monotonic() - t0
+            await asyncio.to_thread(pg_up, pg_server)
+
+    try:
+        record = asyncio.run(asyncio.wait_for(play(), RUN_DEADLINE_S))
+    finally:
+        _ensure_up(pg_server)
+    assert record.status == RunStatus.INTERRUPTED, record.error
+    assert record.error is not None and "store_outage_s" in record.error
+    assert took[0] >= 3.0
+    assert record.run_id in (project / ".orch" / JOURNAL).read_text()
+    runner.store.close()
+    r = orch("ps", "--all", cwd=project, env={"ORCH_STORE": pg_url})
+    assert r.returncode == 0, r.stderr
+    check = open_url(pg_url)
+    stored = check.require_run(record.run_id)
+    assert stored.status == RunStatus.INTERRUPTED, stored.error
+    assert check.output(record.run_id) == "PARTIAL-SO-FAR"
+    assert not check.list_runs(chain_id=record.chain_id, statuses=[RunStatus.RUNNING])
+    kinds = [e["kind"] for e in check.events(record.run_id)]
+    assert kinds.count("run_finished") == 1, kinds
+    check.close()

@@ -297,9 +297,11 @@ class Execution:
             ahead=self._ahead,
         )
         timeout_seconds = plan.timeout_seconds
-        stall = asyncio.timeout(None)
+        stall, away = asyncio.timeout(None), asyncio.timeout(None)
         stalled: list[bool] = []
+        gone: list[float] = []  # how long the store had been away when the run stopped
         watchdog = asyncio.create_task(self._watch_stall(ctx, stall, stalled))
+        storewatch = asyncio.create_task(self._watch_store(away, gone))
         try:  # a hook refused (hookguard.HookRefused) is an OrchError: the run fails
             if record.depth > 0 and self.settings.hooks.subagent_start:
                 started = await run_hooks(
@@ -313,7 +315,7 @@ class Execution:
                 if started.blocked:
                     why = f"SubagentStart hook: {started.message}"
                     return LoopOutcome(RunStatus.FAILED, "", why)
-            async with asyncio.timeout(timeout_seconds), stall:
+            async with asyncio.timeout(timeout_seconds), stall, away:
                 if self.drive is not None:
                     return await self.drive(record, ctx.tool_ctx.runtime, ctx.env)
                 history = None
@@ -323,6 +325,12 @@ class Execution:
                         raise OrchError(f"the conversation of {record.resumed_from} is gone")
                 return await loop.run(record.prompt, history)
         except TimeoutError:
+            if gone:
+                why = (
+                    f"the store was unreachable for {gone[0]:.0f} s, more than store_outage_s"
+                    f" ({self.settings.store_outage_s:g} s): the run stopped with its output so far"
+                )
+                return LoopOutcome(RunStatus.INTERRUPTED, loop.last_text, why)
             why = (
                 f"stalled: no progress for {self.settings.stall_timeout:g}s"
                 if stalled
@@ -335,6 +343,19 @@ class Execution:
             return LoopOutcome(RunStatus.FAILED, loop.last_text, f"{type(e).__name__}: {e}".strip())
         finally:
             watchdog.cancel()
+            storewatch.cancel()
+
+    async def _watch_store(self, away: asyncio.Timeout, gone: list[float]) -> None:
+        """A run whose store is away longer than ``store_outage_s`` stops, ``interrupted``
+        (its model calls and tools go on until then: they need no store)."""
+        limit = self.settings.store_outage_s
+        while True:
+            await asyncio.sleep(min(max(limit / 4, 0.05), 1.0))
+            since = self.store.away_since()
+            if since is not None and time.time() - since > limit:
+                gone.append(time.time() - since)
+                away.reschedule(asyncio.get_running_loop().time())
+                return
 
     async def _watch_stall(
         self, ctx: RunContext, stall: asyncio.Timeout, stalled: list[bool]
@@ -353,7 +374,12 @@ class Execution:
             if ctx.inflight > 0:
                 self._progressed()
                 continue
-            rec_bg = self.store.get_run(ctx.run_id)
+            try:
+                rec_bg = self.store.get_run(ctx.run_id)
+            except Exception as e:  # the store away: looked at again next time
+                if not self.store.transient(e):
+                    raise
+                continue
             idle = time.monotonic() - self.live.progress
             if rec_bg is not None and rec_bg.background and idle > limit:
                 stalled.append(True)

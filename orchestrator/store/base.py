@@ -222,6 +222,10 @@ class RunStore(ResourceSink, Endings, Protocol):
         """Keep an ending the store could not take, for when it answers (see ``end``)."""
         ...
 
+    def away_since(self) -> float | None:
+        """Since when (epoch seconds) this process has found the store away, else None."""
+        ...
+
     def unwritten(self) -> list[KeptEnding]:
         """The endings still waiting for the store."""
         ...

@@ -79,6 +79,11 @@ class KeptEndings:
                 setattr(record, key, value)
         return record
 
+    def away_since(self) -> float | None:
+        """Since when (epoch seconds) this process has found the store away, else None."""
+        outage = cast(_Store, self)._behind.outage
+        return outage.since if outage is not None else None
+
     def unwritten(self) -> list[KeptEnding]:
         """The endings still waiting for the store."""
         return [e for e in cast(_Store, self)._behind.endings() if isinstance(e, KeptEnding)]
