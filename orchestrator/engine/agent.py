@@ -224,7 +224,7 @@ class AgentRun:
             turns += 1
             if shell:  # the model thinks: the sandbox of a command it may send is made meanwhile
                 ctx.tool_ctx.runtime.expect(ctx.tool_ctx.env)
-            if (spent := exhausted(ctx.store, ctx.record)) is not None:
+            if (spent := exhausted(ctx.store, ctx.record, ctx.usage)) is not None:
                 return LoopOutcome(RunStatus.FAILED, self.last_text, spent)
             request = build(keeper.view(self.messages))
             if keeper.over(request):

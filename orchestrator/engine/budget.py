@@ -14,7 +14,7 @@ runs spending at once (each may still finish the one request it has sent).
 from __future__ import annotations
 
 from ..models.pricing import money
-from ..run import RunRecord
+from ..run import RunRecord, Usage
 from ..spec import Budgets
 from ..store import ChainUsage, RunStore
 
@@ -44,18 +44,50 @@ def used_up(used: ChainUsage, tokens: int | None, usd: float | None) -> tuple[st
     return None
 
 
-def exhausted(store: RunStore, record: RunRecord) -> str | None:
+# each run's last sum of its chain read from the store, and its own usage then: while the
+# store is away, the chain has used at least that plus what the run spent since
+_KNOWN: dict[str, tuple[ChainUsage, Usage]] = {}
+
+
+def exhausted(store: RunStore, record: RunRecord, spent: Usage | None = None) -> str | None:
     """The one-line reason ``record`` must not make another model request: its chain has
     used up its token or dollar budget (the store's sum over every run of the chain). None
-    when the chain has room, or no dollar budget (then the store is not read)."""
+    when the chain has room, or no dollar budget (then the store is not read).
+
+    While the store is away (``transient``), the run goes on under what this process
+    knows, never more: the last sum read for it plus what it has ``spent`` since (its
+    usage so far; without one read yet, that usage alone)."""
     budgets: Budgets | None = record.plan.budgets if record.plan else None
     if budgets is None or budgets.usd is None:
         return None
-    used = store.chain_usage(
-        record.chain_id, tokens=budgets.tokens is not None, usd=budgets.usd is not None
-    )
+    own = (spent or record.usage).model_copy()
+    try:
+        used = store.chain_usage(
+            record.chain_id, tokens=budgets.tokens is not None, usd=budgets.usd is not None
+        )
+        _KNOWN[record.run_id] = (used, own)
+    except Exception as e:
+        if not store.transient(e):
+            raise
+        used = known(record.run_id, own)
     found = used_up(used, budgets.tokens, budgets.usd)
     if found is None:
         return None
     setting, said = found
     return f"{said}; the run stopped before its next model request ({more(setting)})"
+
+
+def known(run_id: str, own: Usage) -> ChainUsage:
+    """What the chain of ``run_id`` has used at least, as this process knows it."""
+    last, then = _KNOWN.get(run_id, (ChainUsage(runs=1, live=1, tokens=0), Usage()))
+    return ChainUsage(
+        runs=last.runs,
+        live=last.live,
+        tokens=last.tokens + max(0, own.tokens - then.tokens),
+        usd=last.usd + max(0.0, own.cost_usd - then.cost_usd),
+    )
+
+
+def forget(run_id: str) -> None:
+    """The run ended: its last read is not needed."""
+    _KNOWN.pop(run_id, None)

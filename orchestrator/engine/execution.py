@@ -35,6 +35,7 @@ from ..tools.base import BoardSeat, ToolContext, ToolRegistry
 from ..workspaces import RunOutcome, TierConfig, Workspace, WorkspaceSpec
 from ..workspaces.base import Runtime
 from ..workspaces.registry import choose_tier, tier_config
+from . import budget
 from .agent import AgentRun, LoopOutcome, RunContext
 from .calls import ToolCall
 from .delegation import ChildSpawner, Engine
@@ -394,6 +395,7 @@ class Execution:
         it with ``Runner.end_held`` once the node's work is home, so an ended run's branch
         is there."""
         run_id = self.live.record.run_id
+        budget.forget(run_id)
         artifacts = [*(workspace.artifacts() if workspace is not None else []), *outcome.artifacts]
         fields: dict[str, object] = {
             "summary": outcome.text[:2000],

@@ -164,29 +164,38 @@ class SqliteDialect:
             self._local.conn = None
 
     @contextmanager
-    def _immediate(self) -> Iterator[sqlite3.Connection]:
-        conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
+    def _said(self) -> Iterator[None]:
+        """The file away for now (``transient``) said in one line, as StoreUnreachable."""
         try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            yield
+        except sqlite3.OperationalError as e:
+            if not self.transient(e):
+                raise
+            raise StoreUnreachable(
+                f"the SQLite run store at {self.path} cannot be used for now ({e}); check "
+                "that no other process holds it and that its disk is writable"
+            ) from e
+
+    @contextmanager
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
+        with self._said():
+            conn = self.conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     @contextmanager
     def transaction(self) -> Iterator[Query]:
-        conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._immediate() as conn:
             yield lambda sql, args: conn.execute(sql, args).fetchall()
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        return self.conn().execute(sql, args).fetchall()
+        with self._said():
+            return self.conn().execute(sql, args).fetchall()
 
     def write(self, sql: str, args: Sequence[Any] = ()) -> Written:
         with self._immediate() as conn:
