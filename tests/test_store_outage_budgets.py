@@ -75,10 +75,8 @@ def test_without_a_read_the_run_s_own_spend_counts_and_a_refusal_is_raised() -> 
     forget(record.run_id)
 
 
-def test_no_child_is_admitted_while_another_process_holds_the_sqlite_file(project: Path) -> None:
-    """The root asks for a child while the file is held: the child is refused in one line
-    (its chain's room cannot be counted), nothing of it is stored, and the root goes on
-    and ends ``succeeded`` once the file is free."""
+def _split_while_held(project: Path, **settings: Any) -> tuple[Any, RunRecord]:
+    """A root that asks for a child while another process holds the SQLite file 3 s."""
     script: dict[str, Any] = {
         "conversations": [
             {
@@ -91,7 +89,7 @@ def test_no_child_is_admitted_while_another_process_holds_the_sqlite_file(projec
             {"depth": 1, "turns": [{"text": "CHILD"}]},
         ]
     }
-    h = harness(project, script)
+    h = harness(project, script, **settings)
 
     async def play() -> RunRecord:
         job = asyncio.create_task(h.runner.run(h.spec("split")))
@@ -106,12 +104,53 @@ def test_no_child_is_admitted_while_another_process_holds_the_sqlite_file(projec
         finally:
             await proc.wait()
 
-    record = asyncio.run(asyncio.wait_for(play(), RUN_DEADLINE_S))
+    return h, asyncio.run(asyncio.wait_for(play(), RUN_DEADLINE_S))
+
+
+def test_a_child_asked_for_while_another_process_holds_the_sqlite_file_waits_for_it(
+    project: Path,
+) -> None:
+    """Its chain's room can be counted only in the store: the child's spawn waits for the
+    file (within store_outage_s), is admitted with its budgets checked, and runs."""
+    h, record = _split_while_held(project)
     stored = h.store.require_run(record.run_id)
     assert stored.status == RunStatus.SUCCEEDED, stored.error
-    assert [r.run_id for r in h.runs(record.chain_id)] == [record.run_id]
-    second = h.requests_of(record.run_id)[1]
-    results = tool_results(second)
-    assert len(results) == 1 and results[0].get("is_error"), results
-    text = str(results[0]["content"])
-    assert "cannot be used for now" in text and "\n" not in text.strip(), text
+    [child] = [r for r in h.runs(record.chain_id) if r.run_id != record.run_id]
+    assert child.status == RunStatus.SUCCEEDED, child.error
+    results = tool_results(h.requests_of(record.run_id)[1])
+    assert len(results) == 1 and not results[0].get("is_error"), results
+    assert "CHILD" in str(results[0]["content"])
+
+
+def test_no_child_is_admitted_past_store_outage_s() -> None:
+    """A store away longer than the spawner's patience (store_outage_s): the spawn fails
+    with the store's own error, after trying again; an error that is not the store away
+    fails at once."""
+    from orchestrator.engine.creations import Creations
+    from orchestrator.run import RunRecord as Record
+    from orchestrator.store.base import StoreUnreachable
+
+    class Away:
+        def __init__(self, error: Exception) -> None:
+            self.error, self.tries = error, 0
+
+        def transient(self, error: BaseException) -> bool:
+            return isinstance(error, StoreUnreachable)
+
+        def create_runs(self, pairs: object) -> list[None]:
+            self.tries += 1
+            raise self.error
+
+    async def spawn(store: Away) -> float:
+        creations = Creations(cast(RunStore, store), patience_s=0.4)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(type(store.error)):
+            await creations.store_run(Record(run_id="r-1", chain_id="c-1", prompt="x"), None)
+        return loop.time() - t0
+
+    away = Away(StoreUnreachable("the store at /x cannot be used for now"))
+    waited = asyncio.run(spawn(away))
+    assert away.tries >= 3 and 0.2 <= waited < 2.0
+    broken = Away(ValueError("not the store away"))
+    assert asyncio.run(spawn(broken)) < 0.2 and broken.tries == 1

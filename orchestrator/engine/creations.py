@@ -10,6 +10,11 @@ its own answer: stored, or the ``ChainFull`` that refused it.
 A spawner cancelled while it waits takes its run out of the turn's batch; one cancelled
 just after its run was stored ends that run (``cancelled``), so no queued run is left
 without anyone to run it.
+
+A store that is away (``RunStore.transient``: a Postgres restart, a SQLite file another
+process holds past a loop's short busy wait) does not refuse a child: its spawner tries
+again with backoff, up to ``store_outage_s``, and its chain's budgets are checked when
+the store answers, as always.
 """
 
 from __future__ import annotations
@@ -31,13 +36,27 @@ class _Waiting:
 class Creations:
     """The runs admitted in this loop turn, stored together when it ends."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, patience_s: float = 300.0) -> None:
         self.store = store
+        self.patience_s = patience_s  # how long a spawner waits for a store that is away
         self._turn: list[_Waiting] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # whose turn is being gathered
 
     async def store_run(self, record: RunRecord, room: ChainRoom | None) -> None:
-        """Store ``record`` with the turn's others; ``ChainFull`` when its chain had no room."""
+        """Store ``record`` with the turn's others; ``ChainFull`` when its chain had no room.
+        While the store is away, tried again (0.05 s doubling to 2 s) up to ``patience_s``."""
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + self.patience_s, 0.05
+        while True:
+            try:
+                return await self._once(record, room)
+            except Exception as e:
+                if not self.store.transient(e) or loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _once(self, record: RunRecord, room: ChainRoom | None) -> None:
         loop = asyncio.get_running_loop()
         waiting = _Waiting(record, room, loop.create_future())
         if self._loop is not loop:  # the first of this turn (a closed loop's turn is gone)

@@ -123,7 +123,7 @@ class Runner:
         self._store_paths: dict[Path, list[str]] = {}
         self._memory: dict[Path, asyncio.Future[MemorySource]] = {}
         self.rules = Admission(settings, store, catalog, models, self.tools)
-        self.creations = Creations(store)
+        self.creations = Creations(store, patience_s=settings.store_outage_s)
 
     @property
     def jobs(self) -> dict[str, asyncio.Task[RunRecord]]:
