@@ -321,7 +321,7 @@ class Settings(BaseModel):
     # Input + output tokens of the whole tree: a ceiling for a runaway, above a big honest
     # job. A child re-sends its whole context each turn: ~10 turns on ~10k tokens ≈ 100k, so
     # 10M is ~100 such children (or 500 small ones of 20k); a runaway of 500 runs × 30 turns
-    # could reach ~1.5 billion. README ("Limits") has the reasoning.
+    # could reach ~1.5 billion. docs/REFERENCE.md ("Limits") has the reasoning.
     max_chain_tokens: int = Field(default=10_000_000, ge=1, json_schema_extra=LIMIT)
     # Dollars of the whole tree (pricing.py: cache writes and reads priced as such); None: no
     # dollar budget. A run stops at its next request once the chain has spent it.

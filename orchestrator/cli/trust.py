@@ -47,8 +47,9 @@ def trust(
 ) -> None:
     """Let this repository's settings that run commands or weaken isolation apply.
 
-    Hooks, sandbox.os = "off", network = "host", ... (README: Workspace trust) are left out
-    of a repository's orch.toml until it is trusted; a change to them needs trust again.
+    Hooks, sandbox.os = "off", network = "host", ... (docs/REFERENCE.md: Workspace trust)
+    are left out of a repository's orch.toml until it is trusted; a change to them needs
+    trust again.
     """
     if show and revoke:
         raise UsageError("--show and --revoke do not go together; use one of them")
